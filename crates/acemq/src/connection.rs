@@ -1,0 +1,4 @@
+//! The AceMQ connection. TODO
+/// TODO
+#[derive(Debug)]
+pub struct Connection;

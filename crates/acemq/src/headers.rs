@@ -1,0 +1,157 @@
+//! Header values as AMQP field tables carry them.
+//!
+//! This module owns the transport-neutral representation of a header table. Every AMQP
+//! field type has a variant, so a message republished by the engine keeps the headers it
+//! arrived with (a newer library's unknown headers, the broker's `x-death` tables) exactly.
+//! The AceMQ envelope writes only [`HeaderValue::Str`], [`HeaderValue::I32`] and
+//! [`HeaderValue::I64`]; readers accept any integer width and numeric strings.
+
+use std::collections::BTreeMap;
+
+/// A header table: names to values, as in an AMQP field table.
+///
+/// ```
+/// use acemq::headers::{Headers, HeaderValue};
+/// let mut h = Headers::new();
+/// h.insert("x-tenant".into(), HeaderValue::from("acme"));
+/// assert_eq!(h["x-tenant"].as_str(), Some("acme"));
+/// ```
+pub type Headers = BTreeMap<String, HeaderValue>;
+
+/// One value of an AMQP field table.
+///
+/// ```
+/// use acemq::headers::HeaderValue;
+/// assert_eq!(HeaderValue::I32(3).as_i64(), Some(3));
+/// assert_eq!(HeaderValue::from("42").as_i64(), Some(42));
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum HeaderValue {
+    /// `t`
+    Bool(bool),
+    /// `b`
+    I8(i8),
+    /// `B`
+    U8(u8),
+    /// `s`
+    I16(i16),
+    /// `u`
+    U16(u16),
+    /// `I` (int32; the envelope's attempt and version)
+    I32(i32),
+    /// `i`
+    U32(u32),
+    /// `l` (int64; the envelope's first-seen)
+    I64(i64),
+    /// `f`
+    F32(f32),
+    /// `d`
+    F64(f64),
+    /// `D`
+    Decimal {
+        /// Number of decimal places.
+        scale: u8,
+        /// Unscaled value.
+        value: u32,
+    },
+    /// `S` (long string; every string the envelope writes)
+    Str(String),
+    /// `x` (byte array)
+    Bytes(Vec<u8>),
+    /// `T` (seconds since the epoch)
+    Timestamp(u64),
+    /// `A`
+    Array(Vec<HeaderValue>),
+    /// `F`
+    Table(Headers),
+    /// `V`
+    Void,
+}
+
+impl HeaderValue {
+    /// The value as a string, when it is one.
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            HeaderValue::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// The value as an integer: any integer width, or a string holding a decimal integer.
+    pub fn as_i64(&self) -> Option<i64> {
+        match self {
+            HeaderValue::I8(v) => Some(i64::from(*v)),
+            HeaderValue::U8(v) => Some(i64::from(*v)),
+            HeaderValue::I16(v) => Some(i64::from(*v)),
+            HeaderValue::U16(v) => Some(i64::from(*v)),
+            HeaderValue::I32(v) => Some(i64::from(*v)),
+            HeaderValue::U32(v) => Some(i64::from(*v)),
+            HeaderValue::I64(v) => Some(*v),
+            HeaderValue::Timestamp(v) => i64::try_from(*v).ok(),
+            HeaderValue::Str(s) => s.trim().parse().ok(),
+            _ => None,
+        }
+    }
+
+    /// The value as a table, when it is one.
+    pub fn as_table(&self) -> Option<&Headers> {
+        match self {
+            HeaderValue::Table(t) => Some(t),
+            _ => None,
+        }
+    }
+
+    /// The value as an array, when it is one.
+    pub fn as_array(&self) -> Option<&[HeaderValue]> {
+        match self {
+            HeaderValue::Array(a) => Some(a),
+            _ => None,
+        }
+    }
+}
+
+impl From<&str> for HeaderValue {
+    fn from(s: &str) -> Self {
+        HeaderValue::Str(s.to_owned())
+    }
+}
+
+impl From<String> for HeaderValue {
+    fn from(s: String) -> Self {
+        HeaderValue::Str(s)
+    }
+}
+
+impl From<i32> for HeaderValue {
+    fn from(v: i32) -> Self {
+        HeaderValue::I32(v)
+    }
+}
+
+impl From<i64> for HeaderValue {
+    fn from(v: i64) -> Self {
+        HeaderValue::I64(v)
+    }
+}
+
+impl From<bool> for HeaderValue {
+    fn from(v: bool) -> Self {
+        HeaderValue::Bool(v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn integers_read_at_any_width_and_from_numeric_strings() {
+        assert_eq!(HeaderValue::U8(7).as_i64(), Some(7));
+        assert_eq!(HeaderValue::I16(-2).as_i64(), Some(-2));
+        assert_eq!(HeaderValue::U32(9).as_i64(), Some(9));
+        assert_eq!(HeaderValue::from(" 12 ").as_i64(), Some(12));
+        assert_eq!(HeaderValue::from("x").as_i64(), None);
+        assert_eq!(HeaderValue::Bool(true).as_i64(), None);
+    }
+}

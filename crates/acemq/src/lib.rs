@@ -1,0 +1,29 @@
+//! # AceMQ for Rust
+//!
+//! A reliability layer over RabbitMQ, and the Rust member of the AceMQ family: typed
+//! publishing with publisher confirms, consumers whose failures are retried on a schedule
+//! that survives restarts, dead letters (`{q}.dlq`) and unreadable messages (`{q}.parked`)
+//! that can be replayed. Every member of the family speaks one wire contract, so a Rust
+//! service reads, retries and replays what a Java, .NET, Go, Python or Ruby service wrote.
+//!
+//! The data path, module by module:
+//! [`envelope`] (the wire headers) -> [`codec`] (the body) -> [`publish`] ->
+//! [`transport`] (RabbitMQ or `memory://`) -> [`consume`] (with [`consume::settle`] owning
+//! every settlement rule, driven by [`retry`]) -> [`replay`]. [`topology`] names and
+//! declares the queues the rules need.
+#![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
+#![deny(unused_must_use)]
+
+pub mod codec;
+pub mod connection;
+pub mod consume;
+pub mod envelope;
+pub mod error;
+pub mod headers;
+pub mod publish;
+pub mod retry;
+pub mod topology;
+pub mod transport;
+
+pub use connection::Connection;
+pub use error::Error;

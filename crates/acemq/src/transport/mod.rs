@@ -1,0 +1,431 @@
+//! The transport seam: one trait between the engine and a broker.
+//!
+//! This module owns the broker-facing vocabulary: what a publish is ([`Outbound`]), what a
+//! confirm says ([`Confirmation`]), what a delivery is ([`Delivery`]) and how it is settled
+//! ([`Acker`], [`Settlement`]), and the [`Transport`] trait the engine calls. There are two
+//! implementations: [`amqp`] (RabbitMQ through lapin) and [`memory`] (a broker inside the
+//! process that is not kinder than RabbitMQ). Everything above this module is written
+//! against the trait only, so a behaviour proven on one is the behaviour of the other.
+//!
+//! ```
+//! # async fn demo() -> Result<(), acemq::transport::TransportError> {
+//! use acemq::transport::{Transport, memory::MemoryTransport};
+//! let t = MemoryTransport::connect("doc-transport");
+//! assert_eq!(t.kind(), "memory");
+//! t.close().await?;
+//! # Ok(()) }
+//! ```
+
+pub mod amqp;
+pub mod memory;
+
+use std::future::Future;
+use std::pin::Pin;
+
+use bytes::Bytes;
+use tokio::sync::watch;
+
+use crate::headers::Headers;
+use crate::topology::{BindingDecl, ExchangeDecl, QueueDecl};
+
+/// A boxed, sendable future: what every [`Transport`] method returns.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// AMQP basic properties, all of them, so a republish can keep what arrived.
+///
+/// ```
+/// use acemq::transport::Properties;
+/// let p = Properties { message_id: Some("m-1".into()), delivery_mode: Some(2), ..Default::default() };
+/// assert_eq!(p.message_id.as_deref(), Some("m-1"));
+/// ```
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Properties {
+    /// `message-id`: AceMQ writes the envelope id here.
+    pub message_id: Option<String>,
+    /// `content-type`: the codec's.
+    pub content_type: Option<String>,
+    /// `content-encoding`.
+    pub content_encoding: Option<String>,
+    /// `delivery-mode`: 2 persistent, 1 transient.
+    pub delivery_mode: Option<u8>,
+    /// `priority`.
+    pub priority: Option<u8>,
+    /// `correlation-id` (AceMQ neither writes nor reads it; kept on republish).
+    pub correlation_id: Option<String>,
+    /// `reply-to`.
+    pub reply_to: Option<String>,
+    /// `expiration`: milliseconds as a decimal string.
+    pub expiration: Option<String>,
+    /// `timestamp` (seconds).
+    pub timestamp: Option<u64>,
+    /// `type`.
+    pub kind: Option<String>,
+    /// `user-id`.
+    pub user_id: Option<String>,
+    /// `app-id`.
+    pub app_id: Option<String>,
+    /// `cluster-id`.
+    pub cluster_id: Option<String>,
+    /// The header table.
+    pub headers: Headers,
+}
+
+/// One message to publish.
+///
+/// ```
+/// use acemq::transport::{Outbound, Properties};
+/// let m = Outbound::new("", "orders.new", Properties::default(), "{}");
+/// assert!(m.mandatory);
+/// ```
+#[derive(Clone, Debug)]
+pub struct Outbound {
+    /// Exchange (`""` is the default exchange).
+    pub exchange: String,
+    /// Routing key.
+    pub routing_key: String,
+    /// Return the message if it routes nowhere (AceMQ's default).
+    pub mandatory: bool,
+    /// Properties and headers.
+    pub properties: Properties,
+    /// Body bytes.
+    pub body: Bytes,
+}
+
+impl Outbound {
+    /// A mandatory publish.
+    pub fn new(
+        exchange: impl Into<String>,
+        routing_key: impl Into<String>,
+        properties: Properties,
+        body: impl Into<Bytes>,
+    ) -> Self {
+        Outbound {
+            exchange: exchange.into(),
+            routing_key: routing_key.into(),
+            mandatory: true,
+            properties,
+            body: body.into(),
+        }
+    }
+}
+
+/// What the broker said about one publish.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Confirmation {
+    /// Confirmed (acked) and, when mandatory, routed to at least one queue.
+    Routed,
+    /// Confirmed but returned: it reached no queue (only for mandatory publishes).
+    Unroutable {
+        /// The broker's reply code (312 NO_ROUTE).
+        reply_code: u16,
+        /// The broker's reply text.
+        reply_text: String,
+    },
+    /// The broker refused responsibility (basic.nack).
+    Nacked,
+}
+
+/// The second stage of a publish: resolves when the broker confirms.
+pub type PendingConfirm = BoxFuture<'static, Result<Confirmation, TransportError>>;
+
+/// How to settle a delivery.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Settlement {
+    /// basic.ack; `multiple` also acks every earlier unsettled delivery of the subscription.
+    Ack {
+        /// Ack all earlier deliveries too.
+        multiple: bool,
+    },
+    /// basic.nack.
+    Nack {
+        /// Settle all earlier deliveries too.
+        multiple: bool,
+        /// Put the message back (at the head, marked redelivered) instead of dropping or
+        /// dead-lettering it.
+        requeue: bool,
+    },
+    /// basic.reject.
+    Reject {
+        /// Put the message back instead of dropping or dead-lettering it.
+        requeue: bool,
+    },
+}
+
+/// The transport side of one delivery's settlement. Implemented by each transport.
+pub trait AckHandle: Send + Sync {
+    /// Sends the settlement. Must fail with [`TransportError::AckNotSent`] when nothing
+    /// reached the broker (the delivery was already settled, or its channel is gone).
+    fn settle(&self, settlement: Settlement) -> BoxFuture<'static, Result<(), TransportError>>;
+}
+
+/// Settles one delivery. Obtained from a [`Delivery`].
+pub struct Acker(pub(crate) Box<dyn AckHandle>);
+
+impl Acker {
+    /// Wraps a transport's handle.
+    pub fn new(handle: impl AckHandle + 'static) -> Self {
+        Acker(Box::new(handle))
+    }
+
+    /// Sends a settlement.
+    pub async fn settle(&self, settlement: Settlement) -> Result<(), TransportError> {
+        self.0.settle(settlement).await
+    }
+
+    /// Acks this delivery alone.
+    pub async fn ack(&self) -> Result<(), TransportError> {
+        self.settle(Settlement::Ack { multiple: false }).await
+    }
+
+    /// Nacks this delivery alone.
+    pub async fn nack(&self, requeue: bool) -> Result<(), TransportError> {
+        self.settle(Settlement::Nack {
+            multiple: false,
+            requeue,
+        })
+        .await
+    }
+}
+
+impl std::fmt::Debug for Acker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Acker").finish_non_exhaustive()
+    }
+}
+
+/// One message handed over by the broker (from a subscription or basic.get).
+#[derive(Debug)]
+pub struct Delivery {
+    /// The channel's delivery tag.
+    pub delivery_tag: u64,
+    /// Exchange the message was published to.
+    pub exchange: String,
+    /// Routing key it was published with.
+    pub routing_key: String,
+    /// The broker delivered it before and it was not acked.
+    pub redelivered: bool,
+    /// Properties and headers as delivered.
+    pub properties: Properties,
+    /// Body bytes as delivered.
+    pub body: Bytes,
+    /// Settles it.
+    pub acker: Acker,
+}
+
+/// What to subscribe to.
+#[derive(Clone, Debug)]
+pub struct ConsumeSpec {
+    /// The queue.
+    pub queue: String,
+    /// Window of unacked deliveries (basic.qos, per consumer). Must be at least 1.
+    pub prefetch: u16,
+    /// Consumer tag; empty lets the transport choose.
+    pub consumer_tag: String,
+    /// Exclusive consumer.
+    pub exclusive: bool,
+}
+
+/// A live subscription: deliveries come from [`Subscription::next`].
+pub trait Subscription: Send {
+    /// The next delivery; `None` once the subscription has ended (cancelled by us, by the
+    /// broker, or its connection closed). Use [`Subscription::cancelled_by_us`] to tell.
+    fn next(&mut self) -> BoxFuture<'_, Option<Result<Delivery, TransportError>>>;
+    /// Stops new deliveries (basic.cancel). Unsettled deliveries stay settleable.
+    fn cancel(&mut self) -> BoxFuture<'_, Result<(), TransportError>>;
+    /// Closes the subscription's channel: unsettled deliveries go back to the queue.
+    fn close(&mut self) -> BoxFuture<'_, Result<(), TransportError>>;
+    /// Whether [`Subscription::cancel`] or [`Subscription::close`] ended it.
+    fn cancelled_by_us(&self) -> bool;
+}
+
+/// What passive inspection says about a queue.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueueInfo {
+    /// The queue's name (the generated one for a server-named queue).
+    pub name: String,
+    /// Ready messages (not counting unacked ones).
+    pub message_count: u32,
+    /// Consumers attached.
+    pub consumer_count: u32,
+}
+
+/// The connection state a transport reports; health reads it without asking the broker.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TransportStatus {
+    /// The connection is open.
+    pub connected: bool,
+    /// `Some(reason)` while the broker blocks publishing on this connection.
+    pub blocked: Option<String>,
+}
+
+/// A broker connection: everything the engine needs from RabbitMQ or `memory://`.
+///
+/// Publishing and consuming use separate connections in the AMQP transport (a blocked
+/// connection stalls every write on it, acks included), so a resource alarm refuses
+/// publishes without stopping consumers from draining.
+pub trait Transport: Send + Sync + 'static {
+    /// `"amqp"` or `"memory"`.
+    fn kind(&self) -> &'static str;
+
+    /// Publishes one message. The returned future resolves once the message has been
+    /// handed over, in call order; the [`PendingConfirm`] it yields resolves with the
+    /// broker's confirmation. Refused at once with [`TransportError::Blocked`] while the
+    /// publishing connection is blocked.
+    fn publish(&self, message: Outbound) -> BoxFuture<'_, Result<PendingConfirm, TransportError>>;
+
+    /// Subscribes to a queue with a prefetch window.
+    fn consume(
+        &self,
+        spec: ConsumeSpec,
+    ) -> BoxFuture<'_, Result<Box<dyn Subscription>, TransportError>>;
+
+    /// basic.get: takes the message at the head of a queue, if any (unacked until settled).
+    fn get(&self, queue: &str) -> BoxFuture<'_, Result<Option<Delivery>, TransportError>>;
+
+    /// Declares an exchange; a different existing one fails with
+    /// [`TransportError::PreconditionFailed`].
+    fn declare_exchange(&self, decl: &ExchangeDecl) -> BoxFuture<'_, Result<(), TransportError>>;
+
+    /// Declares a queue; a different existing one fails with
+    /// [`TransportError::PreconditionFailed`]. Returns the queue's counts and name.
+    fn declare_queue(&self, decl: &QueueDecl) -> BoxFuture<'_, Result<QueueInfo, TransportError>>;
+
+    /// Binds a queue to an exchange.
+    fn bind_queue(&self, decl: &BindingDecl) -> BoxFuture<'_, Result<(), TransportError>>;
+
+    /// Removes a binding.
+    fn unbind_queue(&self, decl: &BindingDecl) -> BoxFuture<'_, Result<(), TransportError>>;
+
+    /// Passive check of a queue: [`TransportError::NotFound`] when it does not exist.
+    fn inspect_queue(&self, name: &str) -> BoxFuture<'_, Result<QueueInfo, TransportError>>;
+
+    /// Passive check of an exchange: [`TransportError::NotFound`] when it does not exist.
+    fn inspect_exchange(&self, name: &str) -> BoxFuture<'_, Result<(), TransportError>>;
+
+    /// Deletes a queue (and its messages); returns how many messages it held.
+    fn delete_queue(&self, name: &str) -> BoxFuture<'_, Result<u32, TransportError>>;
+
+    /// Deletes an exchange.
+    fn delete_exchange(&self, name: &str) -> BoxFuture<'_, Result<(), TransportError>>;
+
+    /// Removes every ready message from a queue; returns how many.
+    fn purge_queue(&self, name: &str) -> BoxFuture<'_, Result<u32, TransportError>>;
+
+    /// The current state, answered locally (never a broker round trip).
+    fn status(&self) -> TransportStatus;
+
+    /// Watches the state: connected / blocked changes.
+    fn watch_status(&self) -> watch::Receiver<TransportStatus>;
+
+    /// Closes the connection(s). Unsettled deliveries go back to their queues.
+    fn close(&self) -> BoxFuture<'_, Result<(), TransportError>>;
+}
+
+/// What went wrong between the engine and the broker.
+///
+/// ```
+/// use acemq::transport::TransportError;
+/// let e = TransportError::PreconditionFailed { detail: "inequivalent arg 'x-message-ttl'".into() };
+/// assert!(e.is_precondition_failed());
+/// ```
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum TransportError {
+    /// 404: the exchange or queue does not exist.
+    #[error("not found: {detail}")]
+    NotFound {
+        /// The broker's text.
+        detail: String,
+    },
+    /// 406: it exists with different arguments or flags (or another precondition).
+    #[error("precondition failed: {detail}")]
+    PreconditionFailed {
+        /// The broker's text, naming the difference.
+        detail: String,
+    },
+    /// 403: the credentials may not do this.
+    #[error("access refused: {detail}; check the user's permissions on the vhost")]
+    AccessRefused {
+        /// The broker's text.
+        detail: String,
+    },
+    /// 405: an exclusive queue of another connection.
+    #[error("resource locked: {detail}")]
+    ResourceLocked {
+        /// The broker's text.
+        detail: String,
+    },
+    /// The publishing connection is blocked by a resource alarm; nothing was sent.
+    #[error(
+        "the broker has blocked this connection: {reason}; nothing was sent, try again once it unblocks"
+    )]
+    Blocked {
+        /// The broker's reason ("low on memory").
+        reason: String,
+    },
+    /// A settlement reached nothing (already settled, or the channel is gone): expect a
+    /// redelivery.
+    #[error(
+        "the settlement was not sent (delivery already settled or its channel closed); the broker will redeliver the message"
+    )]
+    AckNotSent,
+    /// The connection or channel is closed.
+    #[error("connection or channel closed: {detail}")]
+    Closed {
+        /// What closed it.
+        detail: String,
+    },
+    /// A name over AMQP's 255-byte limit, or otherwise unusable.
+    #[error("invalid name {name:?}: {reason}")]
+    InvalidName {
+        /// The name.
+        name: String,
+        /// Why.
+        reason: String,
+    },
+    /// The broker did not confirm in time; the publish is in doubt (it may still land).
+    #[error("no confirm within {millis} ms; the publish is in doubt and may still arrive")]
+    ConfirmTimeout {
+        /// The wait, in milliseconds.
+        millis: u64,
+    },
+    /// Not supported by this transport.
+    #[error("not supported: {0}")]
+    Unsupported(String),
+    /// Any other AMQP error, with its reply code.
+    #[error("AMQP error {code}: {detail}")]
+    Protocol {
+        /// Reply code.
+        code: u16,
+        /// Text.
+        detail: String,
+    },
+    /// A network or I/O failure.
+    #[error("I/O error: {0}")]
+    Io(String),
+}
+
+impl TransportError {
+    /// 406 PRECONDITION_FAILED.
+    pub fn is_precondition_failed(&self) -> bool {
+        matches!(self, TransportError::PreconditionFailed { .. })
+    }
+
+    /// 404 NOT_FOUND.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, TransportError::NotFound { .. })
+    }
+}
+
+/// Checks a name against AMQP's short-string limit (255 bytes).
+pub(crate) fn check_short(name: &str) -> Result<(), TransportError> {
+    if name.len() > 255 {
+        return Err(TransportError::InvalidName {
+            name: name.chars().take(64).collect::<String>() + "...",
+            reason: format!("{} bytes; AMQP names are at most 255 bytes", name.len()),
+        });
+    }
+    Ok(())
+}
