@@ -1,4 +1,189 @@
-//! The AceMQ connection. TODO
-/// TODO
-#[derive(Debug)]
-pub struct Connection;
+//! The AceMQ connection: the entry point that owns a transport and hands out publishers,
+//! consumers and replays.
+//!
+//! `Connection::connect(url)` picks the transport by scheme: `amqp://` and `amqps://` reach
+//! RabbitMQ, `memory://name` an in-process broker (each name its own).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio::sync::Semaphore;
+
+use crate::envelope::{DEFAULT_CLIENT_NAME, origin_for};
+use crate::error::Error;
+use crate::topology::Topology;
+use crate::transport::amqp::AmqpTransport;
+use crate::transport::memory::MemoryTransport;
+use crate::transport::{Transport, TransportStatus};
+
+/// The default window of publishes awaiting their confirm, per connection.
+pub const DEFAULT_MAX_OUTSTANDING_CONFIRMS: usize = 1000;
+
+/// How a connection is set up.
+///
+/// ```
+/// use acemq::connection::ConnectionOptions;
+/// let o = ConnectionOptions::default().client_name("orders-service");
+/// assert_eq!(o.get_client_name(), "orders-service");
+/// ```
+#[derive(Clone, Debug)]
+pub struct ConnectionOptions {
+    client_name: String,
+    max_outstanding_confirms: usize,
+}
+
+impl Default for ConnectionOptions {
+    fn default() -> Self {
+        ConnectionOptions {
+            client_name: DEFAULT_CLIENT_NAME.into(),
+            max_outstanding_confirms: DEFAULT_MAX_OUTSTANDING_CONFIRMS,
+        }
+    }
+}
+
+impl ConnectionOptions {
+    /// The client name stamped in `x-acemq-origin` as `{client}@{hostname}` (default `acemq`).
+    pub fn client_name(mut self, name: impl Into<String>) -> Self {
+        self.client_name = name.into();
+        self
+    }
+
+    /// The window of publishes awaiting their confirm (default 1000, at least 1).
+    pub fn max_outstanding_confirms(mut self, n: usize) -> Self {
+        self.max_outstanding_confirms = n.max(1);
+        self
+    }
+
+    /// The configured client name.
+    pub fn get_client_name(&self) -> &str {
+        &self.client_name
+    }
+}
+
+/// A connection to RabbitMQ or to an in-process `memory://` broker.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), acemq::Error> {
+/// let mq = acemq::Connection::connect("memory://doc-connection").await?;
+/// assert_eq!(mq.transport_kind(), "memory");
+/// mq.close().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct Connection {
+    pub(crate) shared: Arc<Shared>,
+}
+
+/// State shared by everything a connection hands out.
+pub(crate) struct Shared {
+    pub(crate) transport: Arc<dyn Transport>,
+    pub(crate) origin: String,
+    pub(crate) window: Arc<Semaphore>,
+    pub(crate) publishing_paused: AtomicBool,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("transport", &self.transport.kind())
+            .field("origin", &self.origin)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Connection {
+    /// Connects with default options. Schemes: `amqp`, `amqps`, `memory`.
+    pub async fn connect(url: &str) -> Result<Connection, Error> {
+        Self::connect_with(url, ConnectionOptions::default()).await
+    }
+
+    /// Connects with options.
+    pub async fn connect_with(url: &str, options: ConnectionOptions) -> Result<Connection, Error> {
+        let transport: Arc<dyn Transport> = if let Some(name) = url.strip_prefix("memory://") {
+            if name.is_empty() {
+                return Err(Error::Config(
+                    "memory:// needs a broker name, e.g. memory://orders".into(),
+                ));
+            }
+            Arc::new(MemoryTransport::connect(name))
+        } else if url.starts_with("amqp://") || url.starts_with("amqps://") {
+            Arc::new(AmqpTransport::connect(url).await?)
+        } else {
+            return Err(Error::Config(format!(
+                "unsupported URL {:?}: use amqp://, amqps:// or memory://name",
+                redact(url)
+            )));
+        };
+        Ok(Self::with_transport(transport, options))
+    }
+
+    /// Wraps an already open transport.
+    pub fn with_transport(transport: Arc<dyn Transport>, options: ConnectionOptions) -> Connection {
+        Connection {
+            shared: Arc::new(Shared {
+                transport,
+                origin: origin_for(&options.client_name),
+                window: Arc::new(Semaphore::new(options.max_outstanding_confirms)),
+                publishing_paused: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// The transport underneath (for inspection and tests).
+    pub fn transport(&self) -> &Arc<dyn Transport> {
+        &self.shared.transport
+    }
+
+    /// `"amqp"` or `"memory"`.
+    pub fn transport_kind(&self) -> &'static str {
+        self.shared.transport.kind()
+    }
+
+    /// `{client}@{hostname}`, stamped on every publish that has no origin.
+    pub fn origin(&self) -> &str {
+        &self.shared.origin
+    }
+
+    /// Connected / blocked, answered locally.
+    pub fn status(&self) -> TransportStatus {
+        self.shared.transport.status()
+    }
+
+    /// Declares every exchange, queue and binding of a topology, in that order.
+    pub async fn declare(&self, topology: &Topology) -> Result<(), Error> {
+        let t = &self.shared.transport;
+        for e in topology.exchanges() {
+            t.declare_exchange(e).await?;
+        }
+        for q in topology.queues() {
+            t.declare_queue(q).await?;
+        }
+        for b in topology.bindings() {
+            t.bind_queue(b).await?;
+        }
+        Ok(())
+    }
+
+    /// Further publishes fail with [`Error::PublishingPaused`]; nothing is sent.
+    pub fn pause_publishing(&self) {
+        self.shared.publishing_paused.store(true, Ordering::SeqCst);
+    }
+
+    /// Publishing works again.
+    pub fn resume_publishing(&self) {
+        self.shared.publishing_paused.store(false, Ordering::SeqCst);
+    }
+
+    /// Closes the transport; unsettled deliveries go back to their queues.
+    pub async fn close(&self) -> Result<(), Error> {
+        self.shared.transport.close().await?;
+        Ok(())
+    }
+}
+
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => format!("{}://***{}", &url[..s], &url[at..]),
+        _ => url.to_owned(),
+    }
+}

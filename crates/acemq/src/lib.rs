@@ -21,6 +21,7 @@ pub mod envelope;
 pub mod error;
 pub mod headers;
 pub mod publish;
+pub mod replay;
 pub mod retry;
 pub mod topology;
 pub mod transport;

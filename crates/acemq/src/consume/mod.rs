@@ -1,0 +1,374 @@
+//! Typed consuming: decode, hand to the handler, settle.
+//!
+//! This module owns the consumer's run loop: it declares the consumer's share of the
+//! topology (`acemq.dlx`, `{q}.dlq`, `{q}.parked`, and the rungs of a policy with broker
+//! waits; never the source queue), subscribes with a prefetch window, runs up to
+//! `concurrency` handlers at once, decodes each body with the consumer's codec, runs the
+//! handler (a panic is a failure like any error), and hands the result to [`settle`],
+//! which owns every settlement rule.
+
+mod handler;
+mod message;
+pub mod settle;
+mod stats;
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use futures::FutureExt;
+use serde::de::DeserializeOwned;
+use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub use handler::HandlerError;
+pub use message::Message;
+pub use stats::ConsumerStats;
+
+use crate::codec::{Decoder, Json};
+use crate::connection::Connection;
+use crate::envelope::{Envelope, application_headers};
+use crate::error::Error;
+use crate::retry::RetryPolicy;
+use crate::topology::Topology;
+use crate::transport::{ConsumeSpec, Delivery, Subscription};
+use settle::{Outcome, Settler, decide};
+use stats::Stats;
+
+/// The default prefetch window.
+pub const DEFAULT_PREFETCH: u16 = 50;
+
+/// How a consumer behaves.
+///
+/// ```
+/// use acemq::consume::ConsumerOptions;
+/// use acemq::retry::RetryPolicy;
+/// use std::time::Duration;
+/// let o = ConsumerOptions::default()
+///     .prefetch(20)
+///     .concurrency(4)
+///     .with_retry(RetryPolicy::exponential(5, Duration::from_secs(1), Duration::from_secs(60)).unwrap());
+/// assert_eq!(o.get_prefetch(), 20);
+/// ```
+#[derive(Clone, Debug)]
+pub struct ConsumerOptions {
+    prefetch: u16,
+    concurrency: usize,
+    retry: Option<RetryPolicy>,
+    retry_delay_without_policy: Duration,
+}
+
+impl Default for ConsumerOptions {
+    fn default() -> Self {
+        ConsumerOptions {
+            prefetch: DEFAULT_PREFETCH,
+            concurrency: 1,
+            retry: None,
+            retry_delay_without_policy: settle::DEFAULT_RETRY_DELAY_WITHOUT_POLICY,
+        }
+    }
+}
+
+impl ConsumerOptions {
+    /// The window of unacked deliveries (default 50, at least 1).
+    pub fn prefetch(mut self, n: u16) -> Self {
+        self.prefetch = n;
+        self
+    }
+    /// Handlers running at once (default 1; real parallel tasks when more).
+    pub fn concurrency(mut self, n: usize) -> Self {
+        self.concurrency = n;
+        self
+    }
+    /// The retry policy. Without one, a failing message is retried every 5 s, forever.
+    pub fn with_retry(mut self, policy: RetryPolicy) -> Self {
+        self.retry = Some(policy);
+        self
+    }
+    /// The delay between attempts when there is no policy (default 5 s).
+    pub fn retry_delay_without_policy(mut self, delay: Duration) -> Self {
+        self.retry_delay_without_policy = delay;
+        self
+    }
+    /// The configured prefetch.
+    pub fn get_prefetch(&self) -> u16 {
+        self.prefetch
+    }
+    /// The configured policy.
+    pub fn get_retry(&self) -> Option<&RetryPolicy> {
+        self.retry.as_ref()
+    }
+}
+
+/// A running consumer. Consumption goes on until [`Consumer::close`] or the connection
+/// closes; dropping the handle does not stop it.
+#[derive(Debug)]
+pub struct Consumer {
+    queue: Arc<str>,
+    stats: Arc<Stats>,
+    in_flight: Arc<AtomicUsize>,
+    stop: CancellationToken,
+    closing: CancellationToken,
+    task: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Consumer {
+    /// The consumed queue.
+    pub fn queue(&self) -> &str {
+        &self.queue
+    }
+    /// Outcome counts so far.
+    pub fn stats(&self) -> ConsumerStats {
+        self.stats.snapshot()
+    }
+    /// Handlers running right now.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
+    }
+    /// Stops taking deliveries, lets running handlers finish (a handler sitting out an
+    /// in-consumer retry wait is cut short and its message requeued, attempt unchanged),
+    /// then closes the consumer's channel: anything delivered but not handled goes back to
+    /// the queue.
+    pub async fn close(&self) {
+        self.stop.cancel();
+        self.closing.cancel();
+        if let Some(task) = self.task.lock().await.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+/// Everything a consumer's tasks share.
+struct Ctx<T, F> {
+    settler: Settler,
+    decoder: Arc<dyn Decoder<T>>,
+    handler: F,
+    policy: Option<RetryPolicy>,
+    no_policy_delay: Duration,
+    in_flight: Arc<AtomicUsize>,
+}
+
+impl Connection {
+    /// Consumes JSON messages of type `T` from `queue`.
+    ///
+    /// The handler returns `Ok(())` to ack; any error (`?`) is retried under the policy;
+    /// [`HandlerError::fatal`] sends the message to `{q}.dlq` at once. A body that does not
+    /// decode goes to `{q}.parked` without running the handler.
+    pub async fn consume<T, F, Fut>(
+        &self,
+        queue: &str,
+        options: ConsumerOptions,
+        handler: F,
+    ) -> Result<Consumer, Error>
+    where
+        T: DeserializeOwned + Send + 'static,
+        F: Fn(Message<T>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
+    {
+        self.consume_with(queue, Json, options, handler).await
+    }
+
+    /// Consumes with another codec ([`crate::codec::Text`], [`crate::codec::RawBytes`],
+    /// or your own [`Decoder`]).
+    pub async fn consume_with<T, D, F, Fut>(
+        &self,
+        queue: &str,
+        decoder: D,
+        options: ConsumerOptions,
+        handler: F,
+    ) -> Result<Consumer, Error>
+    where
+        T: Send + 'static,
+        D: Decoder<T>,
+        F: Fn(Message<T>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
+    {
+        if options.prefetch == 0 {
+            return Err(Error::InvalidArgument("prefetch must be at least 1".into()));
+        }
+        if options.concurrency == 0 {
+            return Err(Error::InvalidArgument(
+                "concurrency must be at least 1".into(),
+            ));
+        }
+        self.declare_for_consumer(queue, options.retry.as_ref())
+            .await?;
+        let subscription = self
+            .shared
+            .transport
+            .consume(ConsumeSpec {
+                queue: queue.to_owned(),
+                prefetch: options.prefetch,
+                consumer_tag: String::new(),
+                exclusive: false,
+            })
+            .await?;
+        let queue: Arc<str> = Arc::from(queue);
+        let stats = Arc::new(Stats::default());
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        let stop = CancellationToken::new();
+        let closing = CancellationToken::new();
+        let ctx = Arc::new(Ctx {
+            settler: Settler {
+                shared: self.shared.clone(),
+                queue: queue.clone(),
+                stats: stats.clone(),
+                closing: closing.clone(),
+            },
+            decoder: Arc::new(decoder),
+            handler,
+            policy: options.retry,
+            no_policy_delay: options.retry_delay_without_policy,
+            in_flight: in_flight.clone(),
+        });
+        let task = tokio::spawn(run(subscription, ctx, options.concurrency, stop.clone()));
+        Ok(Consumer {
+            queue,
+            stats,
+            in_flight,
+            stop,
+            closing,
+            task: Mutex::new(Some(task)),
+        })
+    }
+
+    /// Declares what a consumer of `queue` needs; refuses to start, naming the item, when
+    /// it cannot.
+    async fn declare_for_consumer(
+        &self,
+        queue: &str,
+        policy: Option<&RetryPolicy>,
+    ) -> Result<(), Error> {
+        let topology = Topology::for_consumer(queue, policy);
+        let t = &self.shared.transport;
+        let refuse = |item: String| {
+            let queue = queue.to_owned();
+            move |source| Error::Topology {
+                queue,
+                item,
+                source,
+            }
+        };
+        for e in topology.exchanges() {
+            t.declare_exchange(e)
+                .await
+                .map_err(refuse(format!("exchange {}", e.name)))?;
+        }
+        for q in topology.queues() {
+            t.declare_queue(q)
+                .await
+                .map_err(refuse(format!("queue {}", q.name)))?;
+        }
+        for b in topology.bindings() {
+            t.bind_queue(b).await.map_err(refuse(format!(
+                "binding {} <- {} ({})",
+                b.queue, b.exchange, b.routing_key
+            )))?;
+        }
+        Ok(())
+    }
+}
+
+async fn run<T, F, Fut>(
+    mut subscription: Box<dyn Subscription>,
+    ctx: Arc<Ctx<T, F>>,
+    concurrency: usize,
+    stop: CancellationToken,
+) where
+    T: Send + 'static,
+    F: Fn(Message<T>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
+{
+    let slots = Arc::new(Semaphore::new(concurrency));
+    let handlers = TaskTracker::new();
+    loop {
+        let permit = tokio::select! {
+            biased;
+            _ = stop.cancelled() => break,
+            p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+        };
+        let next = tokio::select! {
+            biased;
+            _ = stop.cancelled() => break,
+            d = subscription.next() => d,
+        };
+        match next {
+            Some(Ok(delivery)) => {
+                ctx.in_flight.fetch_add(1, Ordering::SeqCst);
+                handlers.spawn(handle(ctx.clone(), delivery, permit));
+            }
+            Some(Err(e)) => {
+                tracing::error!(queue = %ctx.settler.queue, error = %e, "consumer subscription failed");
+                break;
+            }
+            None => {
+                if !subscription.cancelled_by_us() {
+                    tracing::warn!(queue = %ctx.settler.queue, "the broker ended the subscription (queue deleted or node down)");
+                }
+                break;
+            }
+        }
+    }
+    // No new deliveries; running handlers finish and settle on the still-open channel;
+    // then the channel closes and anything buffered goes back to the queue.
+    let _ = subscription.cancel().await;
+    handlers.close();
+    handlers.wait().await;
+    let _ = subscription.close().await;
+}
+
+async fn handle<T, F, Fut>(ctx: Arc<Ctx<T, F>>, d: Delivery, _slot: OwnedSemaphorePermit)
+where
+    T: Send + 'static,
+    F: Fn(Message<T>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
+{
+    let envelope = Envelope::read(&d.properties, &d.routing_key);
+    let content_type = d.properties.content_type.clone();
+    let outcome = match ctx.decoder.decode(content_type.as_deref(), &d.body) {
+        Err(e) => Outcome::Undecodable(decode_reason(e)),
+        Ok(payload) => {
+            let message = Message {
+                payload,
+                envelope: envelope.clone(),
+                headers: application_headers(&d.properties.headers),
+                queue: ctx.settler.queue.clone(),
+                exchange: d.exchange.clone(),
+                routing_key: d.routing_key.clone(),
+                redelivered: d.redelivered,
+                content_type,
+                cancellation: ctx.settler.closing.child_token(),
+            };
+            match AssertUnwindSafe((ctx.handler)(message)).catch_unwind().await {
+                Ok(Ok(())) => Outcome::Handled,
+                Ok(Err(e)) => Outcome::Failed(e),
+                Err(panic) => Outcome::Failed(HandlerError::retry(format!(
+                    "the handler panicked: {}",
+                    panic_message(&*panic)
+                ))),
+            }
+        }
+    };
+    let decision = decide(&outcome, &envelope, ctx.policy.as_ref(), ctx.no_policy_delay);
+    ctx.settler.settle(d, &envelope, decision).await;
+    ctx.in_flight.fetch_sub(1, Ordering::SeqCst);
+}
+
+fn decode_reason(e: Error) -> String {
+    match e {
+        Error::Decode { reason } => reason,
+        other => other.to_string(),
+    }
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic with a non-string payload".into())
+}

@@ -1,0 +1,314 @@
+//! Settlement: the one place that turns a delivery plus what happened to it into exactly
+//! one broker outcome (wire.md §5–§6).
+//!
+//! [`decide`] is pure: handler result + envelope + policy -> [`Decision`]. [`Settler`]
+//! carries a decision out. Every move (retry hop, dead letter, park) is a mandatory,
+//! confirmed publish through the default exchange that keeps the body, `message_id`,
+//! content type, reply-to and every incoming header, then rewrites the envelope fields;
+//! the original is acked only after the copy is confirmed *and routed*, otherwise it is
+//! handed back with requeue and `set_aside_failed` is counted. Nothing is ever acked into
+//! nothing, and a failed move never closes the consumer's channel.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::handler::{HandlerError, Kind};
+use super::stats::{Counter, Stats};
+use crate::connection::Shared;
+use crate::envelope::{self, Envelope};
+use crate::headers::HeaderValue;
+use crate::publish::publish_on_behalf;
+use crate::retry::{RetryPolicy, Wait};
+use crate::topology::names::{dead_letter_queue, parked_queue, render_delay, retry_queue};
+use crate::transport::{Confirmation, Delivery, Outbound, Settlement};
+
+/// Reason texts are cut to this many bytes (with a marker) so a republish never outgrows
+/// the broker's frame size.
+pub const MAX_REASON_BYTES: usize = 4096;
+
+/// The default wait between attempts when a consumer has no retry policy (seed 000:
+/// "retried after a fixed delay, forever").
+pub const DEFAULT_RETRY_DELAY_WITHOUT_POLICY: Duration = Duration::from_secs(5);
+
+/// What happened to a delivery before settlement.
+#[derive(Debug)]
+pub(crate) enum Outcome {
+    /// The handler returned Ok.
+    Handled,
+    /// The handler failed (or panicked, or an interceptor refused it).
+    Failed(HandlerError),
+    /// The body could not be decoded.
+    Undecodable(String),
+}
+
+/// Why a message goes to `{q}.dlq`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeadLetterKind {
+    /// The policy gave up (attempts or age): outcome `dead_lettered`.
+    Exhausted,
+    /// The handler said it is unprocessable: outcome `rejected`.
+    Unprocessable,
+    /// The handler asked for it: outcome `dead_lettered`.
+    Requested,
+}
+
+/// The broker outcome chosen for one delivery.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum Decision {
+    /// basic.ack.
+    Ack,
+    /// Republish with the attempt advanced, after `wait`.
+    Retry(Wait),
+    /// Republish to `{q}.dlq` with the reason.
+    DeadLetter {
+        /// `x-acemq-error`.
+        reason: String,
+        /// Why.
+        kind: DeadLetterKind,
+    },
+    /// Republish the bytes as delivered to `{q}.parked` with the reason.
+    Park {
+        /// `x-acemq-error`.
+        reason: String,
+    },
+    /// Hand back with requeue; no attempt spent.
+    Release,
+}
+
+/// Decides a delivery's fate (pure apart from the jitter the policy draws).
+pub(crate) fn decide(
+    outcome: &Outcome,
+    envelope: &Envelope,
+    policy: Option<&RetryPolicy>,
+    no_policy_delay: Duration,
+) -> Decision {
+    match outcome {
+        Outcome::Handled => Decision::Ack,
+        Outcome::Undecodable(e) => Decision::Park {
+            reason: bounded(format!("could not be decoded: {e}")),
+        },
+        Outcome::Failed(err) => match err.kind {
+            Kind::Retry => decide_failure(&err.reason, envelope, policy, no_policy_delay),
+            Kind::Fatal => Decision::DeadLetter {
+                reason: bounded(format!(
+                    "the handler reported an unprocessable message: {}",
+                    err.reason
+                )),
+                kind: DeadLetterKind::Unprocessable,
+            },
+            Kind::DeadLetter => Decision::DeadLetter {
+                reason: bounded(format!("the handler dead-lettered the message: {}", err.reason)),
+                kind: DeadLetterKind::Requested,
+            },
+            Kind::Park => Decision::Park {
+                reason: bounded(format!("the handler parked the message: {}", err.reason)),
+            },
+            Kind::Release => Decision::Release,
+        },
+    }
+}
+
+/// The policy's answer to an ordinary failure: retry after a wait, or dead-letter with the
+/// family's reason text. Without a policy: retry after `no_policy_delay`, forever.
+///
+/// ```
+/// use acemq::consume::settle::{decide_failure, Decision, DeadLetterKind};
+/// use acemq::envelope::Envelope;
+/// use acemq::retry::RetryPolicy;
+/// let policy = RetryPolicy::none();
+/// let d = decide_failure("boom", &Envelope::new("t"), Some(&policy), std::time::Duration::from_secs(5));
+/// assert_eq!(d, Decision::DeadLetter { reason: "exhausted 1 attempts: boom".into(), kind: DeadLetterKind::Exhausted });
+/// ```
+pub fn decide_failure(
+    error: &str,
+    envelope: &Envelope,
+    policy: Option<&RetryPolicy>,
+    no_policy_delay: Duration,
+) -> Decision {
+    let Some(policy) = policy else {
+        return Decision::Retry(Wait {
+            delay: no_policy_delay,
+            in_broker: false,
+        });
+    };
+    let attempt = u32::try_from(envelope.attempt()).unwrap_or(1);
+    let age = envelope.age();
+    if let Some(wait) = policy.next_wait(attempt, age) {
+        return Decision::Retry(wait);
+    }
+    let reason = if attempt >= policy.max_attempts() {
+        format!("exhausted {attempt} attempts: {error}")
+    } else {
+        format!(
+            "exceeded the maximum message age of {}: {error}",
+            render_delay(policy.max_message_age())
+        )
+    };
+    Decision::DeadLetter {
+        reason: bounded(reason),
+        kind: DeadLetterKind::Exhausted,
+    }
+}
+
+/// Cuts a reason to [`MAX_REASON_BYTES`] on a character boundary, with a marker.
+///
+/// ```
+/// let long = "x".repeat(1_000_000);
+/// let cut = acemq::consume::settle::bounded(long);
+/// assert!(cut.len() <= acemq::consume::settle::MAX_REASON_BYTES);
+/// assert!(cut.ends_with("[truncated]"));
+/// ```
+pub fn bounded(reason: String) -> String {
+    const MARKER: &str = "... [truncated]";
+    if reason.len() <= MAX_REASON_BYTES {
+        return reason;
+    }
+    let mut end = MAX_REASON_BYTES - MARKER.len();
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{MARKER}", &reason[..end])
+}
+
+const REQUEUE: Settlement = Settlement::Nack {
+    multiple: false,
+    requeue: true,
+};
+
+/// Carries decisions out for one consumer.
+#[derive(Debug)]
+pub(crate) struct Settler {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) queue: Arc<str>,
+    pub(crate) stats: Arc<Stats>,
+    /// Cancelled when the consumer closes: an in-consumer wait ends and the message is
+    /// requeued with its attempt unchanged.
+    pub(crate) closing: CancellationToken,
+}
+
+impl Settler {
+    /// Settles one delivery according to `decision`.
+    pub(crate) async fn settle(&self, d: Delivery, envelope: &Envelope, decision: Decision) {
+        match decision {
+            Decision::Ack => self.finish(&d, Settlement::Ack { multiple: false }, Counter::Acked).await,
+            Decision::Release => self.requeue(&d, Counter::Released).await,
+            Decision::Park { reason } => {
+                let mut copy = self.copy_as_delivered(&d, &parked_queue(&self.queue));
+                copy.properties
+                    .headers
+                    .insert(envelope::ERROR.into(), HeaderValue::Str(reason));
+                copy.properties.expiration = None;
+                self.move_then_ack(&d, copy, Counter::Parked).await;
+            }
+            Decision::DeadLetter { reason, kind } => {
+                let target = dead_letter_queue(&self.queue);
+                let mut copy = self.copy(&d, &target, envelope.clone().with_error(Some(reason)));
+                copy.properties.expiration = None;
+                let counter = match kind {
+                    DeadLetterKind::Unprocessable => Counter::Rejected,
+                    DeadLetterKind::Exhausted | DeadLetterKind::Requested => Counter::DeadLettered,
+                };
+                self.move_then_ack(&d, copy, counter).await;
+            }
+            Decision::Retry(wait) => self.retry(d, envelope, wait).await,
+        }
+    }
+
+    async fn retry(&self, d: Delivery, envelope: &Envelope, wait: Wait) {
+        let next = envelope.clone().with_attempt(envelope.attempt().saturating_add(1));
+        if wait.in_broker {
+            let rung = retry_queue(&self.queue, wait.delay);
+            let copy = self.copy(&d, &rung, next.clone());
+            match publish_on_behalf(&self.shared, copy).await {
+                Ok(Confirmation::Routed) => {
+                    return self
+                        .finish(&d, Settlement::Ack { multiple: false }, Counter::Retried)
+                        .await;
+                }
+                Ok(Confirmation::Unroutable { .. }) => {
+                    // The rung does not exist: count it and wait here instead.
+                    self.stats.add(Counter::RungMissing);
+                    tracing::warn!(queue = %self.queue, rung = %rung, "retry rung missing; waiting in the consumer instead");
+                }
+                other => return self.set_aside_failed(&d, &rung, other).await,
+            }
+        }
+        tokio::select! {
+            biased;
+            _ = self.closing.cancelled() => {
+                return self.requeue(&d, Counter::RequeuedOnClose).await;
+            }
+            _ = tokio::time::sleep(wait.delay) => {}
+        }
+        let copy = self.copy(&d, &self.queue, next);
+        self.move_then_ack(&d, copy, Counter::Retried).await;
+    }
+
+    /// Publishes the copy; acks the original only once the copy is confirmed and routed.
+    async fn move_then_ack(&self, d: &Delivery, copy: Outbound, counter: Counter) {
+        let target = copy.routing_key.clone();
+        match publish_on_behalf(&self.shared, copy).await {
+            Ok(Confirmation::Routed) => {
+                self.finish(d, Settlement::Ack { multiple: false }, counter).await
+            }
+            other => self.set_aside_failed(d, &target, other).await,
+        }
+    }
+
+    async fn set_aside_failed(
+        &self,
+        d: &Delivery,
+        target: &str,
+        result: Result<Confirmation, crate::transport::TransportError>,
+    ) {
+        tracing::warn!(queue = %self.queue, target, ?result, "move not confirmed and routed; requeueing the original");
+        self.stats.add(Counter::SetAsideFailed);
+        self.send(d, REQUEUE, None).await;
+    }
+
+    async fn requeue(&self, d: &Delivery, counter: Counter) {
+        self.send(d, REQUEUE, Some(counter)).await;
+    }
+
+    async fn finish(&self, d: &Delivery, s: Settlement, counter: Counter) {
+        self.send(d, s, Some(counter)).await;
+    }
+
+    /// Sends a settlement; counts `counter` when it reached the broker, `settle_failed`
+    /// when it did not (the broker will redeliver).
+    async fn send(&self, d: &Delivery, s: Settlement, counter: Option<Counter>) {
+        match d.acker.settle(s).await {
+            Ok(()) => {
+                if let Some(c) = counter {
+                    self.stats.add(c);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(queue = %self.queue, error = %e, "settlement not sent; the broker will redeliver");
+                self.stats.add(Counter::SettleFailed);
+            }
+        }
+    }
+
+    /// A copy for `target` through the default exchange: everything as delivered, then
+    /// the envelope fields rewritten from `envelope`.
+    fn copy(&self, d: &Delivery, target: &str, envelope: Envelope) -> Outbound {
+        let mut copy = self.copy_as_delivered(d, target);
+        envelope.write(&mut copy.properties.headers, &self.shared.origin);
+        copy.properties.message_id = Some(envelope.id().to_owned());
+        copy
+    }
+
+    fn copy_as_delivered(&self, d: &Delivery, target: &str) -> Outbound {
+        Outbound {
+            exchange: String::new(),
+            routing_key: target.to_owned(),
+            mandatory: true,
+            properties: d.properties.clone(),
+            body: d.body.clone(),
+        }
+    }
+}

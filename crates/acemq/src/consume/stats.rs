@@ -1,0 +1,76 @@
+//! Outcome counters: the one place every settlement is recorded.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A consumer's outcome counts since it started.
+///
+/// ```
+/// let s = acemq::consume::ConsumerStats::default();
+/// assert_eq!(s.acked + s.retried + s.dead_lettered + s.parked + s.rejected, 0);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ConsumerStats {
+    /// Handled and acked (`acked`).
+    pub acked: u64,
+    /// Republished for another attempt (`retried`).
+    pub retried: u64,
+    /// Moved to `{q}.dlq` after the policy gave up, or on the handler's request
+    /// (`dead_lettered`).
+    pub dead_lettered: u64,
+    /// Moved to `{q}.dlq` as unprocessable (`rejected`).
+    pub rejected: u64,
+    /// Moved to `{q}.parked` (`parked`).
+    pub parked: u64,
+    /// Handed back with requeue on the handler's request, spending no attempt.
+    pub released: u64,
+    /// A move whose copy was not confirmed and routed: the original was requeued.
+    pub set_aside_failed: u64,
+    /// A broker wait whose rung queue did not exist (waited in the consumer instead).
+    pub rung_missing: u64,
+    /// A settlement that did not reach the broker (the message will be redelivered).
+    pub settle_failed: u64,
+    /// Handed back with requeue because the consumer was closing.
+    pub requeued_on_close: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Counter {
+    Acked,
+    Retried,
+    DeadLettered,
+    Rejected,
+    Parked,
+    Released,
+    SetAsideFailed,
+    RungMissing,
+    SettleFailed,
+    RequeuedOnClose,
+}
+
+const COUNTERS: usize = 10;
+
+#[derive(Debug, Default)]
+pub(crate) struct Stats([AtomicU64; COUNTERS]);
+
+impl Stats {
+    pub(crate) fn add(&self, c: Counter) {
+        self.0[c as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self) -> ConsumerStats {
+        let g = |c: Counter| self.0[c as usize].load(Ordering::Relaxed);
+        ConsumerStats {
+            acked: g(Counter::Acked),
+            retried: g(Counter::Retried),
+            dead_lettered: g(Counter::DeadLettered),
+            rejected: g(Counter::Rejected),
+            parked: g(Counter::Parked),
+            released: g(Counter::Released),
+            set_aside_failed: g(Counter::SetAsideFailed),
+            rung_missing: g(Counter::RungMissing),
+            settle_failed: g(Counter::SettleFailed),
+            requeued_on_close: g(Counter::RequeuedOnClose),
+        }
+    }
+}

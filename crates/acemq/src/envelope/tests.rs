@@ -1,0 +1,117 @@
+use super::*;
+
+fn props(h: Headers) -> Properties {
+    Properties {
+        headers: h,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn writes_every_field_with_its_wire_type() {
+    let e = Envelope::new("order.placed")
+        .with_id("id-1")
+        .with_causation_id("parent")
+        .with_first_seen_millis(1_767_323_045_678);
+    let mut h = Headers::new();
+    e.write(&mut h, "acemq@host");
+    assert_eq!(h[ID], HeaderValue::Str("id-1".into()));
+    assert_eq!(h[CORRELATION], HeaderValue::Str("id-1".into()));
+    assert_eq!(h[TYPE], HeaderValue::Str("order.placed".into()));
+    assert_eq!(h[VERSION], HeaderValue::I32(1));
+    assert_eq!(h[ATTEMPT], HeaderValue::I32(1));
+    assert_eq!(h[FIRST_SEEN], HeaderValue::I64(1_767_323_045_678));
+    assert_eq!(h[ORIGIN], HeaderValue::Str("acemq@host".into()));
+    assert_eq!(h[CAUSATION], HeaderValue::Str("parent".into()));
+    assert!(!h.contains_key(ERROR) && !h.contains_key(CLAIM));
+    assert!(!h.contains_key(REPLAYED_FROM) && !h.contains_key(REPLAY_COUNT));
+}
+
+#[test]
+fn optional_fields_are_absent_never_empty() {
+    let e = Envelope::new("t").with_causation_id("").with_claim("");
+    let mut h = Headers::new();
+    h.insert(CAUSATION.into(), HeaderValue::from("stale"));
+    e.write(&mut h, "o@h");
+    assert!(!h.contains_key(CAUSATION));
+    assert!(!h.contains_key(CLAIM));
+}
+
+#[test]
+fn reads_tolerantly_with_family_defaults() {
+    let mut h = Headers::new();
+    h.insert(ATTEMPT.into(), HeaderValue::from("3"));
+    h.insert(VERSION.into(), HeaderValue::I64(0));
+    h.insert(FIRST_SEEN.into(), HeaderValue::U32(5));
+    h.insert(CORRELATION.into(), HeaderValue::from(""));
+    let mut p = props(h);
+    p.message_id = Some("mid".into());
+    let e = Envelope::read(&p, "");
+    assert_eq!(e.id(), "mid");
+    assert_eq!(e.correlation_id(), "mid");
+    assert_eq!(e.message_type(), "message");
+    assert_eq!(e.attempt(), 3);
+    assert_eq!(e.version(), 1, "below 1 reads as 1");
+    assert_eq!(e.first_seen_millis(), Some(5));
+}
+
+#[test]
+fn a_message_without_acemq_headers_is_attempt_one_of_its_routing_key() {
+    let e = Envelope::read(&Properties::default(), "fx.plain");
+    assert_eq!(e.attempt(), 1);
+    assert_eq!(e.message_type(), "fx.plain");
+    assert!(!e.id().is_empty());
+    assert_eq!(e.age(), None);
+}
+
+#[test]
+fn replayed_at_reads_all_three_forms() {
+    let expected = from_millis(1_770_091_506_789).unwrap();
+    let java_number = HeaderValue::I64(1_770_091_506_789);
+    let go_z = HeaderValue::from("2026-02-03T04:05:06.789Z");
+    let python = HeaderValue::from("2026-02-03T04:05:06.789000+00:00");
+    for v in [java_number, go_z, python] {
+        assert_eq!(read_instant(&v), Some(expected), "{v:?}");
+    }
+    assert_eq!(format_instant(expected), "2026-02-03T04:05:06.789Z");
+}
+
+#[test]
+fn replay_provenance_round_trips_and_counts_up() {
+    let at = from_millis(1_770_091_506_789).unwrap();
+    let e = Envelope::new("t").replayed("q.dlq", at).replayed("q.dlq", at);
+    let mut h = Headers::new();
+    e.write(&mut h, "o@h");
+    assert_eq!(h[REPLAY_COUNT], HeaderValue::I32(2));
+    assert_eq!(h[REPLAYED_AT], HeaderValue::from("2026-02-03T04:05:06.789Z"));
+    let back = Envelope::read(&props(h), "q");
+    assert_eq!(back.replayed_from(), Some("q.dlq"));
+    assert_eq!(back.replayed_at(), Some(at));
+    assert_eq!(back.replay_count(), 2);
+}
+
+#[test]
+fn reserved_prefix_is_stripped_and_refused_case_insensitively() {
+    let mut h = Headers::new();
+    h.insert("x-acemq-future-field".into(), HeaderValue::from("v"));
+    h.insert("acemq-replay-count".into(), HeaderValue::I32(1));
+    h.insert("traceparent".into(), HeaderValue::from("00-abc"));
+    let app = application_headers(&h);
+    assert_eq!(
+        app.keys().collect::<Vec<_>>(),
+        vec!["acemq-replay-count", "traceparent"]
+    );
+    assert!(matches!(
+        check_application_headers(&h),
+        Err(Error::ReservedHeader { name }) if name == "x-acemq-future-field"
+    ));
+    assert!(check_application_headers(&app).is_ok());
+}
+
+#[test]
+fn origin_is_client_at_host() {
+    let o = origin_for("acemq");
+    let (client, host) = o.split_once('@').unwrap();
+    assert_eq!(client, "acemq");
+    assert!(!host.is_empty());
+}
