@@ -242,63 +242,18 @@ impl<T: ?Sized + 'static> Publisher<T> {
         in_flight.finish(started).await
     }
 
-    fn build(&self, payload: &T, o: SendOptions) -> Result<Outbound, Error> {
-        check_application_headers(&o.headers)?;
-        if let Some(v) = o.version.filter(|v| *v < 1) {
-            return Err(Error::InvalidArgument(format!(
-                "version must be at least 1, got {v}"
-            )));
-        }
-        let expiration = match o.expiration {
-            Some(ttl) if ttl.as_millis() == 0 => {
-                return Err(Error::InvalidArgument(
-                    "expiration must be at least 1 ms".into(),
-                ));
-            }
-            Some(ttl) => Some(ttl.as_millis().to_string()),
-            None => None,
-        };
-        let mut envelope = Envelope::new(
-            o.message_type
-                .unwrap_or_else(|| self.routing_key.clone()),
-        );
-        if let Some(id) = o.message_id {
-            envelope = envelope.with_id(id);
-        }
-        if let Some(c) = o.correlation_id {
-            envelope = envelope.with_correlation_id(c);
-        }
-        if let Some(c) = o.causation_id {
-            envelope = envelope.with_causation_id(c);
-        }
-        if let Some(v) = o.version {
-            envelope = envelope.with_version(v);
-        }
-        if let Some(c) = o.claim {
-            envelope = envelope.with_claim(c);
-        }
-        if let Some(r) = &o.reply_to {
-            envelope = envelope.with_reply_to(r.clone());
-        }
-        let body = self.encoder.encode(payload)?;
-        let mut headers = o.headers;
-        envelope.write(&mut headers, &self.shared.origin);
-        let properties = Properties {
-            message_id: Some(envelope.id().to_owned()),
-            content_type: Some(self.encoder.content_type().to_owned()),
-            delivery_mode: Some(if o.persistent.unwrap_or(self.persistent) { 2 } else { 1 }),
-            expiration,
-            reply_to: o.reply_to,
-            headers,
-            ..Properties::default()
-        };
-        Ok(Outbound {
-            exchange: self.exchange.clone(),
-            routing_key: self.routing_key.clone(),
-            mandatory: self.mandatory,
-            properties,
-            body,
-        })
+    fn build(&self, payload: &T, mut o: SendOptions) -> Result<Outbound, Error> {
+        o.persistent = o.persistent.or(Some(self.persistent));
+        let mut out = prepare(
+            &*self.encoder,
+            &self.exchange,
+            &self.routing_key,
+            payload,
+            o,
+            &self.shared.origin,
+        )?;
+        out.mandatory = self.mandatory;
+        Ok(out)
     }
 
     async fn start(
@@ -383,6 +338,98 @@ async fn acquire(shared: &Shared) -> Result<OwnedSemaphorePermit, Error> {
         .acquire_owned()
         .await
         .map_err(|_| Error::Closed)
+}
+
+/// Builds the message a publish sends: envelope written into the headers (`origin`
+/// stamped when unset), body encoded, properties set (`message_id` = envelope id, the
+/// codec's content type, delivery mode 2 unless `persistent(false)`). Refuses reserved
+/// headers, a version below 1 and a zero expiration. Used by [`Publisher`] and by anything
+/// that stores a message to publish later (the transactional outbox).
+///
+/// ```
+/// use acemq::codec::Json;
+/// use acemq::publish::{prepare, SendOptions};
+/// let m = prepare(&Json, "orders", "order.placed", &serde_json::json!({"id": 1}),
+///                 SendOptions::new().message_id("o-1"), "svc@host").unwrap();
+/// assert_eq!(m.properties.message_id.as_deref(), Some("o-1"));
+/// assert_eq!(m.properties.headers["x-acemq-type"].as_str(), Some("order.placed"));
+/// ```
+pub fn prepare<T: ?Sized, E: Encoder<T> + ?Sized>(
+    encoder: &E,
+    exchange: &str,
+    routing_key: &str,
+    payload: &T,
+    o: SendOptions,
+    origin: &str,
+) -> Result<Outbound, Error> {
+    check_application_headers(&o.headers)?;
+    if let Some(v) = o.version.filter(|v| *v < 1) {
+        return Err(Error::InvalidArgument(format!(
+            "version must be at least 1, got {v}"
+        )));
+    }
+    let expiration = match o.expiration {
+        Some(ttl) if ttl.as_millis() == 0 => {
+            return Err(Error::InvalidArgument(
+                "expiration must be at least 1 ms".into(),
+            ));
+        }
+        Some(ttl) => Some(ttl.as_millis().to_string()),
+        None => None,
+    };
+    let mut envelope = Envelope::new(o.message_type.unwrap_or_else(|| routing_key.to_owned()));
+    if let Some(id) = o.message_id {
+        envelope = envelope.with_id(id);
+    }
+    if let Some(c) = o.correlation_id {
+        envelope = envelope.with_correlation_id(c);
+    }
+    if let Some(c) = o.causation_id {
+        envelope = envelope.with_causation_id(c);
+    }
+    if let Some(v) = o.version {
+        envelope = envelope.with_version(v);
+    }
+    if let Some(c) = o.claim {
+        envelope = envelope.with_claim(c);
+    }
+    if let Some(r) = &o.reply_to {
+        envelope = envelope.with_reply_to(r.clone());
+    }
+    let body = encoder.encode(payload)?;
+    let mut headers = o.headers;
+    envelope.write(&mut headers, origin);
+    let properties = Properties {
+        message_id: Some(envelope.id().to_owned()),
+        content_type: Some(encoder.content_type().to_owned()),
+        delivery_mode: Some(if o.persistent.unwrap_or(true) { 2 } else { 1 }),
+        expiration,
+        reply_to: o.reply_to,
+        headers,
+        ..Properties::default()
+    };
+    Ok(Outbound {
+        exchange: exchange.to_owned(),
+        routing_key: routing_key.to_owned(),
+        mandatory: true,
+        properties,
+        body,
+    })
+}
+
+impl Connection {
+    /// Publishes an already built message (body and properties verbatim), mandatory and
+    /// confirmed, and waits for the confirm. Not refused by
+    /// [`Connection::pause_publishing`]: this is the path for publishing on someone's
+    /// behalf, e.g. an outbox relay.
+    pub async fn publish_prepared(&self, outbound: Outbound) -> Result<PublishResult, Error> {
+        let started = Instant::now();
+        let permit = acquire(&self.shared).await?;
+        start_publish(&self.shared, outbound, permit)
+            .await?
+            .finish(started)
+            .await
+    }
 }
 
 /// A publish handed to the transport, awaiting its confirm.
