@@ -1,28 +1,21 @@
 //! Topology: the names AceMQ derives (`{q}.dlq`, `{q}.parked`, `{q}.retry.{delay}`), the
 //! declarations of exchanges, queues and bindings, and the declarative [`Topology`] builder.
+//!
+//! ```
+//! use std::time::Duration;
+//! use acemq::topology::{dead_letter_queue, retry_queue};
+//! assert_eq!(dead_letter_queue("orders.new"), "orders.new.dlq");
+//! assert_eq!(retry_queue("orders.new", Duration::from_secs(160)), "orders.new.retry.160s");
+//! ```
 
 mod decl;
+mod define;
+mod names;
 
 pub use decl::{BindingDecl, ExchangeDecl, ExchangeKind, QueueDecl, QueueType};
-
-/// Placeholder until the builder lands.
-#[derive(Debug, Default)]
-pub struct Topology {
-    exchanges: Vec<ExchangeDecl>,
-    queues: Vec<QueueDecl>,
-    bindings: Vec<BindingDecl>,
-}
-impl Topology {
-    /// Exchanges.
-    pub fn exchanges(&self) -> &[ExchangeDecl] {
-        &self.exchanges
-    }
-    /// Queues.
-    pub fn queues(&self) -> &[QueueDecl] {
-        &self.queues
-    }
-    /// Bindings.
-    pub fn bindings(&self) -> &[BindingDecl] {
-        &self.bindings
-    }
-}
+pub use define::{Topology, TopologyBuilder, TopologyError};
+pub use names::{
+    DEAD_LETTER_EXCHANGE, RETRY_EXCHANGE, dead_letter_queue, dead_letter_queue_decl, parked_queue,
+    parked_queue_decl, render_delay, retry_queue, rung_arguments, rung_decl,
+    source_dead_letter_arguments,
+};

@@ -1,0 +1,229 @@
+//! The names AceMQ derives from a queue name, and the declarations that go with them
+//! (wire contract §4). These tables are exact: a second declarer whose arguments differ by
+//! one entry fails with `PRECONDITION_FAILED`, so every library in the family produces the
+//! same names and the same arguments.
+
+use std::time::Duration;
+
+use crate::headers::{HeaderValue, Headers};
+use crate::topology::QueueDecl;
+
+/// The direct, durable exchange that dead-letters a source queue into `{q}.dlq` and that
+/// binds `{q}.dlq` and `{q}.parked` by their own names.
+///
+/// ```
+/// assert_eq!(acemq::topology::DEAD_LETTER_EXCHANGE, "acemq.dlx");
+/// ```
+pub const DEAD_LETTER_EXCHANGE: &str = "acemq.dlx";
+
+/// The direct, durable exchange a rung queue dead-letters into when its time-to-live
+/// expires; each source queue `{q}` is bound to it with key `{q}`.
+///
+/// ```
+/// assert_eq!(acemq::topology::RETRY_EXCHANGE, "acemq.retry");
+/// ```
+pub const RETRY_EXCHANGE: &str = "acemq.retry";
+
+/// `x-message-ttl`
+const MESSAGE_TTL: &str = "x-message-ttl";
+/// `x-dead-letter-exchange`
+const DLX: &str = "x-dead-letter-exchange";
+/// `x-dead-letter-routing-key`
+const DLK: &str = "x-dead-letter-routing-key";
+
+/// The dead-letter queue of `queue`: `{queue}.dlq`. Messages whose attempts or age are
+/// exhausted, and messages a handler refused as fatal, end up here.
+///
+/// ```
+/// assert_eq!(acemq::topology::dead_letter_queue("orders.new"), "orders.new.dlq");
+/// ```
+pub fn dead_letter_queue(queue: &str) -> String {
+    format!("{queue}.dlq")
+}
+
+/// The parking queue of `queue`: `{queue}.parked`. Messages that could not be decoded end
+/// up here with their original bytes.
+///
+/// ```
+/// assert_eq!(acemq::topology::parked_queue("orders.new"), "orders.new.parked");
+/// ```
+pub fn parked_queue(queue: &str) -> String {
+    format!("{queue}.parked")
+}
+
+/// The rung queue holding broker waits of `delay` for `queue`:
+/// `{queue}.retry.{render_delay(delay)}`.
+///
+/// ```
+/// use std::time::Duration;
+/// use acemq::topology::retry_queue;
+/// assert_eq!(retry_queue("orders.new", Duration::from_secs(90)), "orders.new.retry.90s");
+/// assert_eq!(retry_queue("orders.new", Duration::from_secs(300)), "orders.new.retry.5m");
+/// ```
+pub fn retry_queue(queue: &str, delay: Duration) -> String {
+    format!("{queue}.retry.{}", render_delay(delay))
+}
+
+/// How a delay appears in a rung name. The delay is taken in whole milliseconds and the
+/// first rule that fits applies: a whole number of hours (at least one) gives `{n}h`; else
+/// a whole number of minutes gives `{n}m`; else a whole number of seconds gives `{n}s`;
+/// else `{n}ms`. So 90 s is `90s` (not `1m30s`), 90 minutes is `90m`, 2 hours is `2h`.
+///
+/// Sub-second delays: this follows the Java library, the family's reference, and writes
+/// `500ms`. The Go, Python and Ruby libraries truncate to whole seconds and write `0s`;
+/// the two names are different queues. The case only arises when a policy lowers its
+/// broker-wait threshold below one second, which is recorded as a known disagreement in
+/// the contract fixtures (`naming.subSecondDisagreement`).
+///
+/// ```
+/// use std::time::Duration;
+/// use acemq::topology::render_delay;
+/// assert_eq!(render_delay(Duration::from_millis(500)), "500ms");
+/// assert_eq!(render_delay(Duration::from_secs(90)), "90s");
+/// assert_eq!(render_delay(Duration::from_secs(5400)), "90m");
+/// assert_eq!(render_delay(Duration::from_secs(7200)), "2h");
+/// ```
+pub fn render_delay(delay: Duration) -> String {
+    const SECOND: u128 = 1_000;
+    const MINUTE: u128 = 60 * SECOND;
+    const HOUR: u128 = 60 * MINUTE;
+    let ms = delay.as_millis();
+    if ms >= HOUR && ms % HOUR == 0 {
+        format!("{}h", ms / HOUR)
+    } else if ms >= MINUTE && ms % MINUTE == 0 {
+        format!("{}m", ms / MINUTE)
+    } else if ms >= SECOND && ms % SECOND == 0 {
+        format!("{}s", ms / SECOND)
+    } else {
+        format!("{ms}ms")
+    }
+}
+
+/// The exact arguments of the rung queue for `queue` and `delay`: `x-message-ttl` = the
+/// delay in whole milliseconds, `x-dead-letter-exchange` = [`RETRY_EXCHANGE`] and
+/// `x-dead-letter-routing-key` = `queue`. Nothing else.
+///
+/// The time-to-live is a 64-bit integer ([`HeaderValue::I64`], AMQP type `l`, what the
+/// Java library sends): RabbitMQ compares integer arguments by value across integer
+/// widths, and a 32-bit value would overflow at about 24.8 days. The contract lists the
+/// three arguments in the order above; a [`Headers`] table is ordered by name, which
+/// RabbitMQ does not compare.
+///
+/// ```
+/// use std::time::Duration;
+/// use acemq::headers::HeaderValue;
+/// use acemq::topology::rung_arguments;
+/// let args = rung_arguments("orders.new", Duration::from_secs(90));
+/// assert_eq!(args.len(), 3);
+/// assert_eq!(args["x-message-ttl"], HeaderValue::I64(90_000));
+/// assert_eq!(args["x-dead-letter-exchange"].as_str(), Some("acemq.retry"));
+/// assert_eq!(args["x-dead-letter-routing-key"].as_str(), Some("orders.new"));
+/// ```
+pub fn rung_arguments(queue: &str, delay: Duration) -> Headers {
+    let ttl = i64::try_from(delay.as_millis()).unwrap_or(i64::MAX);
+    let mut args = Headers::new();
+    args.insert(MESSAGE_TTL.into(), HeaderValue::I64(ttl));
+    args.insert(DLX.into(), HeaderValue::from(RETRY_EXCHANGE));
+    args.insert(DLK.into(), HeaderValue::from(queue));
+    args
+}
+
+/// The exact dead-letter arguments of a source queue declared "with dead letter":
+/// `x-dead-letter-exchange` = [`DEAD_LETTER_EXCHANGE`] and `x-dead-letter-routing-key` =
+/// `{queue}.dlq`. The broker's native dead-lettering (TTL expiry, length overflow, rejects
+/// by other consumers) then lands in the same `{queue}.dlq` the library republishes to.
+///
+/// ```
+/// use acemq::topology::source_dead_letter_arguments;
+/// let args = source_dead_letter_arguments("orders.new");
+/// assert_eq!(args.len(), 2);
+/// assert_eq!(args["x-dead-letter-exchange"].as_str(), Some("acemq.dlx"));
+/// assert_eq!(args["x-dead-letter-routing-key"].as_str(), Some("orders.new.dlq"));
+/// ```
+pub fn source_dead_letter_arguments(queue: &str) -> Headers {
+    let mut args = Headers::new();
+    args.insert(DLX.into(), HeaderValue::from(DEAD_LETTER_EXCHANGE));
+    args.insert(DLK.into(), HeaderValue::from(dead_letter_queue(queue)));
+    args
+}
+
+/// The declaration of the rung queue for `queue` and `delay`: named by [`retry_queue`],
+/// classic, durable, with exactly the [`rung_arguments`].
+///
+/// ```
+/// use std::time::Duration;
+/// use acemq::topology::{rung_decl, QueueType};
+/// let q = rung_decl("orders.new", Duration::from_secs(40));
+/// assert_eq!(q.name, "orders.new.retry.40s");
+/// assert_eq!(q.queue_type(), QueueType::Classic);
+/// assert!(q.durable);
+/// assert_eq!(q.arguments.len(), 3);
+/// ```
+pub fn rung_decl(queue: &str, delay: Duration) -> QueueDecl {
+    let mut decl = QueueDecl::classic(retry_queue(queue, delay));
+    decl.arguments = rung_arguments(queue, delay);
+    decl
+}
+
+/// The declaration of `{queue}.dlq`: classic, durable, no arguments.
+///
+/// ```
+/// use acemq::topology::dead_letter_queue_decl;
+/// let q = dead_letter_queue_decl("orders.new");
+/// assert_eq!(q.name, "orders.new.dlq");
+/// assert!(q.durable && q.arguments.is_empty());
+/// ```
+pub fn dead_letter_queue_decl(queue: &str) -> QueueDecl {
+    QueueDecl::classic(dead_letter_queue(queue))
+}
+
+/// The declaration of `{queue}.parked`: classic, durable, no arguments.
+///
+/// ```
+/// use acemq::topology::parked_queue_decl;
+/// let q = parked_queue_decl("orders.new");
+/// assert_eq!(q.name, "orders.new.parked");
+/// assert!(q.durable && q.arguments.is_empty());
+/// ```
+pub fn parked_queue_decl(queue: &str) -> QueueDecl {
+    QueueDecl::classic(parked_queue(queue))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn render_delay_takes_the_first_rule_that_fits() {
+        let cases = [
+            (0, "0ms"),
+            (1, "1ms"),
+            (500, "500ms"),
+            (1_000, "1s"),
+            (1_500, "1500ms"),
+            (30_000, "30s"),
+            (59_000, "59s"),
+            (60_000, "1m"),
+            (90_000, "90s"),
+            (160_000, "160s"),
+            (300_000, "5m"),
+            (3_600_000, "1h"),
+            (5_400_000, "90m"),
+            (7_200_000, "2h"),
+            (86_400_000, "24h"),
+        ];
+        for (ms, want) in cases {
+            assert_eq!(render_delay(Duration::from_millis(ms)), want, "{ms} ms");
+        }
+        // Sub-millisecond parts are dropped, like the milliseconds the rung TTL carries.
+        assert_eq!(render_delay(Duration::from_micros(1_000_999)), "1s");
+    }
+
+    #[test]
+    fn rung_ttl_does_not_overflow() {
+        let args = rung_arguments("q", Duration::MAX);
+        assert_eq!(args["x-message-ttl"], HeaderValue::I64(i64::MAX));
+        let args = rung_arguments("q", Duration::from_secs(40 * 86_400));
+        assert_eq!(args["x-message-ttl"], HeaderValue::I64(40 * 86_400 * 1_000));
+    }
+}
