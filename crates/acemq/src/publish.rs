@@ -235,7 +235,11 @@ impl<T: ?Sized + 'static> Publisher<T> {
     }
 
     /// Publishes one message with envelope fields and options, and waits for the confirm.
-    pub async fn send_with(&self, payload: &T, options: SendOptions) -> Result<PublishResult, Error> {
+    pub async fn send_with(
+        &self,
+        payload: &T,
+        options: SendOptions,
+    ) -> Result<PublishResult, Error> {
         let started = Instant::now();
         let outbound = self.build(payload, options)?;
         let in_flight = self.start(outbound, None).await?;
@@ -504,13 +508,14 @@ pub(crate) async fn publish_on_behalf(
     mut outbound: Outbound,
 ) -> Result<Confirmation, TransportError> {
     outbound.mandatory = true;
-    let _permit = shared
-        .window
-        .clone()
-        .acquire_owned()
-        .await
-        .map_err(|_| TransportError::Closed {
-            detail: "connection closed".into(),
-        })?;
+    let _permit =
+        shared
+            .window
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| TransportError::Closed {
+                detail: "connection closed".into(),
+            })?;
     shared.transport.publish(outbound).await?.await
 }

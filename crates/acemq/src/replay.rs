@@ -19,7 +19,7 @@ use crate::envelope::{Envelope, application_headers};
 use crate::error::Error;
 use crate::headers::Headers;
 use crate::publish::publish_on_behalf;
-use crate::topology::names::{dead_letter_queue, parked_queue};
+use crate::topology::{dead_letter_queue, parked_queue};
 use crate::transport::{Confirmation, Delivery, Outbound, Settlement, TransportError};
 
 /// A replay of one queue's dead letters (or parked messages).
@@ -97,7 +97,12 @@ impl Replay {
 
     /// How many messages wait to be replayed (moves nothing).
     pub async fn pending(&self) -> Result<u32, Error> {
-        Ok(self.shared.transport.inspect_queue(&self.from).await?.message_count)
+        Ok(self
+            .shared
+            .transport
+            .inspect_queue(&self.from)
+            .await?
+            .message_count)
     }
 
     /// Replays at most `max` messages.

@@ -343,7 +343,10 @@ where
                 content_type,
                 cancellation: ctx.settler.closing.child_token(),
             };
-            match AssertUnwindSafe((ctx.handler)(message)).catch_unwind().await {
+            match AssertUnwindSafe((ctx.handler)(message))
+                .catch_unwind()
+                .await
+            {
                 Ok(Ok(())) => Outcome::Handled,
                 Ok(Err(e)) => Outcome::Failed(e),
                 Err(panic) => Outcome::Failed(HandlerError::retry(format!(
@@ -353,7 +356,12 @@ where
             }
         }
     };
-    let decision = decide(&outcome, &envelope, ctx.policy.as_ref(), ctx.no_policy_delay);
+    let decision = decide(
+        &outcome,
+        &envelope,
+        ctx.policy.as_ref(),
+        ctx.no_policy_delay,
+    );
     ctx.settler.settle(d, &envelope, decision).await;
     ctx.in_flight.fetch_sub(1, Ordering::SeqCst);
 }

@@ -21,7 +21,7 @@ use crate::envelope::{self, Envelope};
 use crate::headers::HeaderValue;
 use crate::publish::publish_on_behalf;
 use crate::retry::{RetryPolicy, Wait};
-use crate::topology::names::{dead_letter_queue, parked_queue, render_delay, retry_queue};
+use crate::topology::{dead_letter_queue, parked_queue, render_delay, retry_queue};
 use crate::transport::{Confirmation, Delivery, Outbound, Settlement};
 
 /// Reason texts are cut to this many bytes (with a marker) so a republish never outgrows
@@ -100,7 +100,10 @@ pub(crate) fn decide(
                 kind: DeadLetterKind::Unprocessable,
             },
             Kind::DeadLetter => Decision::DeadLetter {
-                reason: bounded(format!("the handler dead-lettered the message: {}", err.reason)),
+                reason: bounded(format!(
+                    "the handler dead-lettered the message: {}",
+                    err.reason
+                )),
                 kind: DeadLetterKind::Requested,
             },
             Kind::Park => Decision::Park {
@@ -193,7 +196,10 @@ impl Settler {
     /// Settles one delivery according to `decision`.
     pub(crate) async fn settle(&self, d: Delivery, envelope: &Envelope, decision: Decision) {
         match decision {
-            Decision::Ack => self.finish(&d, Settlement::Ack { multiple: false }, Counter::Acked).await,
+            Decision::Ack => {
+                self.finish(&d, Settlement::Ack { multiple: false }, Counter::Acked)
+                    .await
+            }
             Decision::Release => self.requeue(&d, Counter::Released).await,
             Decision::Park { reason } => {
                 let mut copy = self.copy_as_delivered(&d, &parked_queue(&self.queue));
@@ -218,7 +224,9 @@ impl Settler {
     }
 
     async fn retry(&self, d: Delivery, envelope: &Envelope, wait: Wait) {
-        let next = envelope.clone().with_attempt(envelope.attempt().saturating_add(1));
+        let next = envelope
+            .clone()
+            .with_attempt(envelope.attempt().saturating_add(1));
         if wait.in_broker {
             let rung = retry_queue(&self.queue, wait.delay);
             let copy = self.copy(&d, &rung, next.clone());
@@ -252,7 +260,8 @@ impl Settler {
         let target = copy.routing_key.clone();
         match publish_on_behalf(&self.shared, copy).await {
             Ok(Confirmation::Routed) => {
-                self.finish(d, Settlement::Ack { multiple: false }, counter).await
+                self.finish(d, Settlement::Ack { multiple: false }, counter)
+                    .await
             }
             other => self.set_aside_failed(d, &target, other).await,
         }

@@ -79,11 +79,16 @@ fn replayed_at_reads_all_three_forms() {
 #[test]
 fn replay_provenance_round_trips_and_counts_up() {
     let at = from_millis(1_770_091_506_789).unwrap();
-    let e = Envelope::new("t").replayed("q.dlq", at).replayed("q.dlq", at);
+    let e = Envelope::new("t")
+        .replayed("q.dlq", at)
+        .replayed("q.dlq", at);
     let mut h = Headers::new();
     e.write(&mut h, "o@h");
     assert_eq!(h[REPLAY_COUNT], HeaderValue::I32(2));
-    assert_eq!(h[REPLAYED_AT], HeaderValue::from("2026-02-03T04:05:06.789Z"));
+    assert_eq!(
+        h[REPLAYED_AT],
+        HeaderValue::from("2026-02-03T04:05:06.789Z")
+    );
     let back = Envelope::read(&props(h), "q");
     assert_eq!(back.replayed_from(), Some("q.dlq"));
     assert_eq!(back.replayed_at(), Some(at));
