@@ -135,3 +135,23 @@ pub async fn wait_for_count(t: &dyn Transport, queue: &str, n: u32, timeout: Dur
     })
     .await
 }
+
+/// The family's fixture directory: `ACEMQ_FAMILY_FIXTURES`, else `../shared/fixtures`
+/// beside the repository. Panics when the variable is set and `file` is missing there.
+pub fn fixture(file: &str) -> Option<serde_json::Value> {
+    let dir = match std::env::var("ACEMQ_FAMILY_FIXTURES") {
+        Ok(d) if !d.is_empty() => std::path::PathBuf::from(d),
+        _ => {
+            let d = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures");
+            if !d.exists() {
+                eprintln!("note: no family fixtures (set ACEMQ_FAMILY_FIXTURES); skipped");
+                return None;
+            }
+            d
+        }
+    };
+    let path = dir.join(file);
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("fixture {} is missing or unreadable: {e}", path.display()));
+    Some(serde_json::from_str(&text).unwrap_or_else(|e| panic!("fixture {file}: {e}")))
+}

@@ -1,0 +1,288 @@
+//! Conformance: typed publish and consume on `memory://` and RabbitMQ (issue 2).
+//!
+//! Pins: a typed round trip with the envelope and application headers a handler sees;
+//! unroutable publishes are errors; `send_all` returns one confirmed result per message;
+//! the reserved prefix is refused with nothing sent; concurrency really runs handlers in
+//! parallel; a body published by a plain AMQP client with no AceMQ headers is consumable.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use acemq::consume::{ConsumerOptions, Message};
+use acemq::headers::HeaderValue;
+use acemq::publish::SendOptions;
+use acemq::topology::{ExchangeDecl, ExchangeKind, QueueDecl};
+use acemq::transport::{Outbound, Properties};
+use acemq::{Connection, Error};
+use serde::{Deserialize, Serialize};
+use support::{Target, on_each_target, unique, wait_for_count};
+use tokio::sync::mpsc;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct OrderPlaced {
+    id: String,
+    amount_cents: u64,
+}
+
+const WAIT: Duration = Duration::from_secs(10);
+
+async fn classic(mq: &Connection, name: &str) {
+    mq.transport()
+        .declare_queue(&QueueDecl::classic(name))
+        .await
+        .expect("declare queue");
+}
+
+async fn cleanup(mq: &Connection, queue: &str) {
+    for q in [
+        queue.to_owned(),
+        format!("{queue}.dlq"),
+        format!("{queue}.parked"),
+    ] {
+        let _ = mq.transport().delete_queue(&q).await;
+    }
+    mq.close().await.ok();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn typed_round_trip_with_envelope_and_application_headers() {
+    on_each_target(|target: Target| async move {
+        let mq = Connection::connect(&target.url()).await.unwrap();
+        let q = unique("roundtrip");
+        classic(&mq, &q).await;
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let consumer = mq
+            .consume(&q, ConsumerOptions::default(), move |m: Message<OrderPlaced>| {
+                let tx = tx.clone();
+                async move {
+                    tx.send((
+                        m.payload().clone(),
+                        m.attempt(),
+                        m.envelope().clone(),
+                        m.headers().clone(),
+                        m.content_type().map(str::to_owned),
+                    ))
+                    .ok();
+                    Ok(())
+                }
+            })
+            .await
+            .unwrap();
+        let order = OrderPlaced {
+            id: "o-1".into(),
+            amount_cents: 1250,
+        };
+        let r = mq
+            .publisher::<OrderPlaced>("", &q)
+            .send_with(
+                &order,
+                SendOptions::new()
+                    .message_id("m-1")
+                    .message_type("order.placed")
+                    .causation_id("cause-1")
+                    .header("x-tenant", "acme"),
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.message_id, "m-1");
+        assert!(r.routed);
+        let (payload, attempt, env, headers, ct) =
+            tokio::time::timeout(WAIT, rx.recv()).await.unwrap().unwrap();
+        assert_eq!(payload, order);
+        assert_eq!(attempt, 1);
+        assert_eq!(env.id(), "m-1");
+        assert_eq!(env.correlation_id(), "m-1");
+        assert_eq!(env.causation_id(), Some("cause-1"));
+        assert_eq!(env.message_type(), "order.placed");
+        assert!(env.origin().unwrap().starts_with("acemq@"));
+        assert!(env.first_seen_millis().is_some());
+        assert_eq!(ct.as_deref(), Some("application/json"));
+        assert_eq!(headers.get("x-tenant"), Some(&HeaderValue::from("acme")));
+        assert!(
+            headers.keys().all(|k| !k.starts_with("x-acemq-")),
+            "reserved headers leaked to the handler: {headers:?}"
+        );
+        consumer.close().await;
+        assert_eq!(consumer.stats().acked, 1);
+        cleanup(&mq, &q).await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unroutable_publishes_are_errors() {
+    on_each_target(|target: Target| async move {
+        let mq = Connection::connect(&target.url()).await.unwrap();
+        let missing = unique("nowhere");
+        let err = mq
+            .publisher::<u32>("", &missing)
+            .send(&1)
+            .await
+            .unwrap_err();
+        assert!(err.is_unroutable(), "{err}");
+        let ex = unique("ex-unbound");
+        mq.transport()
+            .declare_exchange(&ExchangeDecl::durable(&ex, ExchangeKind::Topic))
+            .await
+            .unwrap();
+        let err = mq.publisher::<u32>(&ex, "a.b").send(&1).await.unwrap_err();
+        assert!(matches!(err, Error::Unroutable { ref exchange, .. } if *exchange == ex));
+        // Not an error when the caller allows it.
+        mq.publisher::<u32>(&ex, "a.b")
+            .allow_unroutable()
+            .send(&1)
+            .await
+            .unwrap();
+        mq.transport().delete_exchange(&ex).await.unwrap();
+        mq.close().await.ok();
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_all_returns_one_confirmed_result_per_message() {
+    on_each_target(|target: Target| async move {
+        let mq = Connection::connect(&target.url()).await.unwrap();
+        let q = unique("batch");
+        classic(&mq, &q).await;
+        let payloads: Vec<u32> = (0..1000).collect();
+        let results = mq.publisher::<u32>("", &q).send_all(&payloads).await.unwrap();
+        assert_eq!(results.len(), 1000);
+        assert!(results.iter().all(|r| r.routed));
+        let ids: std::collections::HashSet<_> = results.iter().map(|r| &r.message_id).collect();
+        assert_eq!(ids.len(), 1000, "every message has its own id");
+        assert_eq!(wait_for_count(&**mq.transport(), &q, 1000, WAIT).await, 1000);
+        // A batch with unroutable members reports how many failed.
+        let missing = unique("batch-missing");
+        let err = mq
+            .publisher::<u32>("", &missing)
+            .send_all(&[1, 2, 3])
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::Batch { failed: 3, total: 3, .. }), "{err}");
+        cleanup(&mq, &q).await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reserved_prefix_is_refused_and_nothing_is_sent() {
+    on_each_target(|target: Target| async move {
+        let mq = Connection::connect(&target.url()).await.unwrap();
+        let q = unique("reserved");
+        classic(&mq, &q).await;
+        let err = mq
+            .publisher::<u32>("", &q)
+            .send_with(&1, SendOptions::new().header("x-acemq-attempt", 7))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::ReservedHeader { ref name } if name == "x-acemq-attempt"));
+        let err = mq
+            .publisher::<u32>("", &q)
+            .send_with(&1, SendOptions::new().version(0))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument(_)));
+        assert_eq!(mq.transport().inspect_queue(&q).await.unwrap().message_count, 0);
+        cleanup(&mq, &q).await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_publishing_is_refused_with_nothing_sent() {
+    on_each_target(|target: Target| async move {
+        let mq = Connection::connect(&target.url()).await.unwrap();
+        let q = unique("paused");
+        classic(&mq, &q).await;
+        mq.pause_publishing();
+        let err = mq.publisher::<u32>("", &q).send(&1).await.unwrap_err();
+        assert!(matches!(err, Error::PublishingPaused) && err.is_refused());
+        mq.resume_publishing();
+        mq.publisher::<u32>("", &q).send(&2).await.unwrap();
+        assert_eq!(wait_for_count(&**mq.transport(), &q, 1, WAIT).await, 1);
+        cleanup(&mq, &q).await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrency_four_runs_four_handlers_at_once() {
+    on_each_target(|target: Target| async move {
+        let mq = Connection::connect(&target.url()).await.unwrap();
+        let q = unique("concurrency");
+        classic(&mq, &q).await;
+        let running = Arc::new(AtomicUsize::new(0));
+        let peak = Arc::new(AtomicUsize::new(0));
+        // Every handler waits until four are inside at once: with fewer in parallel the
+        // barrier never opens and the test times out.
+        let barrier = Arc::new(tokio::sync::Barrier::new(4));
+        let (r, p, b) = (running.clone(), peak.clone(), barrier.clone());
+        let consumer = mq
+            .consume(
+                &q,
+                ConsumerOptions::default().concurrency(4).prefetch(10),
+                move |_m: Message<u32>| {
+                    let (r, p, b) = (r.clone(), p.clone(), b.clone());
+                    async move {
+                        let now = r.fetch_add(1, Ordering::SeqCst) + 1;
+                        p.fetch_max(now, Ordering::SeqCst);
+                        b.wait().await;
+                        r.fetch_sub(1, Ordering::SeqCst);
+                        Ok(())
+                    }
+                },
+            )
+            .await
+            .unwrap();
+        mq.publisher::<u32>("", &q)
+            .send_all(&(0..8).collect::<Vec<_>>())
+            .await
+            .unwrap();
+        support::eventually(WAIT, "8 acks", || async {
+            (consumer.stats().acked == 8).then_some(())
+        })
+        .await;
+        assert_eq!(peak.load(Ordering::SeqCst), 4);
+        consumer.close().await;
+        cleanup(&mq, &q).await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_without_acemq_headers_is_consumable() {
+    on_each_target(|target: Target| async move {
+        let mq = Connection::connect(&target.url()).await.unwrap();
+        let q = unique("raw");
+        classic(&mq, &q).await;
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let consumer = mq
+            .consume(&q, ConsumerOptions::default(), move |m: Message<OrderPlaced>| {
+                let tx = tx.clone();
+                async move {
+                    tx.send((m.attempt(), m.envelope().message_type().to_owned()))
+                        .ok();
+                    Ok(())
+                }
+            })
+            .await
+            .unwrap();
+        let raw = Outbound::new(
+            "",
+            q.clone(),
+            Properties::default(),
+            br#"{"id":"raw-1","amount_cents":5}"#.to_vec(),
+        );
+        mq.transport().publish(raw).await.unwrap().await.unwrap();
+        let (attempt, kind) = tokio::time::timeout(WAIT, rx.recv()).await.unwrap().unwrap();
+        assert_eq!(attempt, 1);
+        assert_eq!(kind, q, "type falls back to the routing key");
+        consumer.close().await;
+        cleanup(&mq, &q).await;
+    })
+    .await;
+}
