@@ -11,9 +11,6 @@ use crate::topology::names::{
 };
 use crate::topology::{BindingDecl, ExchangeDecl, ExchangeKind, QueueDecl, QueueType};
 
-/// The longest name AMQP can carry (a short string).
-const MAX_NAME_BYTES: usize = 255;
-
 /// The prefix RabbitMQ reserves for its own exchanges and queues.
 const RESERVED_PREFIX: &str = "amq.";
 
@@ -612,7 +609,8 @@ fn check_name(what: &'static str, name: &str) -> Result<(), TopologyError> {
             name: name.to_owned(),
         });
     }
-    if name.len() > MAX_NAME_BYTES {
+    // The transport's check, so the 255-byte limit has one definition.
+    if crate::transport::check_short(name).is_err() {
         return Err(TopologyError::NameTooLong {
             what,
             name: name.to_owned(),

@@ -88,11 +88,11 @@ pub fn render_delay(delay: Duration) -> String {
     const MINUTE: u128 = 60 * SECOND;
     const HOUR: u128 = 60 * MINUTE;
     let ms = delay.as_millis();
-    if ms >= HOUR && ms % HOUR == 0 {
+    if ms >= HOUR && ms.is_multiple_of(HOUR) {
         format!("{}h", ms / HOUR)
-    } else if ms >= MINUTE && ms % MINUTE == 0 {
+    } else if ms >= MINUTE && ms.is_multiple_of(MINUTE) {
         format!("{}m", ms / MINUTE)
-    } else if ms >= SECOND && ms % SECOND == 0 {
+    } else if ms >= SECOND && ms.is_multiple_of(SECOND) {
         format!("{}s", ms / SECOND)
     } else {
         format!("{ms}ms")
