@@ -70,6 +70,12 @@ pub enum Error {
         /// Why (names the content type).
         reason: String,
     },
+    /// A retry policy could not be built.
+    #[error(transparent)]
+    Retry(#[from] crate::retry::RetryError),
+    /// A topology could not be built.
+    #[error(transparent)]
+    Topology(#[from] crate::topology::TopologyError),
     /// An argument was out of range.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
@@ -90,7 +96,7 @@ pub enum Error {
     },
     /// A consumer could not declare the topology it needs, so it refused to start.
     #[error("consumer for {queue:?} refused to start: could not declare {item}: {source}")]
-    Topology {
+    ConsumerTopology {
         /// The consumed queue.
         queue: String,
         /// What could not be declared.

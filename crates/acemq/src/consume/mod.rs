@@ -247,7 +247,7 @@ impl Connection {
         let t = &self.shared.transport;
         let refuse = |item: String| {
             let queue = queue.to_owned();
-            move |source| Error::Topology {
+            move |source| Error::ConsumerTopology {
                 queue,
                 item,
                 source,

@@ -28,6 +28,9 @@ use crate::transport::{Confirmation, Delivery, Outbound, Settlement};
 /// the broker's frame size.
 pub const MAX_REASON_BYTES: usize = 4096;
 
+/// How long a delivery whose move failed is held before it is requeued.
+pub const SET_ASIDE_PAUSE: Duration = Duration::from_millis(250);
+
 /// The default wait between attempts when a consumer has no retry policy (seed 000:
 /// "retried after a fixed delay, forever").
 pub const DEFAULT_RETRY_DELAY_WITHOUT_POLICY: Duration = Duration::from_secs(5);
@@ -275,6 +278,13 @@ impl Settler {
     ) {
         tracing::warn!(queue = %self.queue, target, ?result, "move not confirmed and routed; requeueing the original");
         self.stats.add(Counter::SetAsideFailed);
+        // Hold it briefly so a missing target does not spin the message through the
+        // consumer as fast as the broker can redeliver it.
+        tokio::select! {
+            biased;
+            _ = self.closing.cancelled() => {}
+            _ = tokio::time::sleep(SET_ASIDE_PAUSE) => {}
+        }
         self.send(d, REQUEUE, None).await;
     }
 
