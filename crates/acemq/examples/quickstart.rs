@@ -8,10 +8,10 @@
 
 use std::time::Duration;
 
+use acemq::Connection;
 use acemq::consume::{ConsumerOptions, HandlerError, Message};
 use acemq::retry::RetryPolicy;
 use acemq::topology::{ExchangeKind, Topology};
-use acemq::Connection;
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -32,7 +32,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .exchange("quickstart.orders", ExchangeKind::Topic)
         .queue_with_dead_letter("quickstart.orders.placed")
         .queue_with_retry("quickstart.orders.placed", &policy)
-        .bind("quickstart.orders.placed", "quickstart.orders", "order.placed")
+        .bind(
+            "quickstart.orders.placed",
+            "quickstart.orders",
+            "order.placed",
+        )
         .build()?;
     mq.declare(&topology).await?;
 
@@ -47,7 +51,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     let order = m.payload();
                     println!("  handling {} (attempt {})", order.id, m.attempt());
                     let result = if order.amount_cents == 0 {
-                        Err(HandlerError::fatal("an order of zero cents is not an order"))
+                        Err(HandlerError::fatal(
+                            "an order of zero cents is not an order",
+                        ))
                     } else if order.id == "o-2" && m.attempt() < 2 {
                         Err(HandlerError::retry("the payment service timed out"))
                     } else {
@@ -64,7 +70,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let orders = mq.publisher::<OrderPlaced>("quickstart.orders", "order.placed");
     for (id, amount_cents) in [("o-1", 1250), ("o-2", 990), ("o-3", 0)] {
-        let r = orders.send(&OrderPlaced { id: id.into(), amount_cents }).await?;
+        let r = orders
+            .send(&OrderPlaced {
+                id: id.into(),
+                amount_cents,
+            })
+            .await?;
         println!("published {id}: confirmed, message id {}", r.message_id);
     }
     for _ in 0..3 {
@@ -73,12 +84,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     consumer.close().await;
 
     let s = consumer.stats();
-    println!("acked {}, retried {}, rejected to .dlq {}", s.acked, s.retried, s.rejected);
+    println!(
+        "acked {}, retried {}, rejected to .dlq {}",
+        s.acked, s.retried, s.rejected
+    );
     let replay = mq.replay("quickstart.orders.placed");
-    println!("dead letters waiting for replay: {}", replay.pending().await?);
+    println!(
+        "dead letters waiting for replay: {}",
+        replay.pending().await?
+    );
 
     // Tidy up so the example can run again.
-    for q in ["quickstart.orders.placed", "quickstart.orders.placed.dlq", "quickstart.orders.placed.parked"] {
+    for q in [
+        "quickstart.orders.placed",
+        "quickstart.orders.placed.dlq",
+        "quickstart.orders.placed.parked",
+    ] {
         mq.transport().delete_queue(q).await?;
     }
     mq.transport().delete_exchange("quickstart.orders").await?;

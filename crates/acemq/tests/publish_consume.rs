@@ -55,20 +55,24 @@ async fn typed_round_trip_with_envelope_and_application_headers() {
         classic(&mq, &q).await;
         let (tx, mut rx) = mpsc::unbounded_channel();
         let consumer = mq
-            .consume(&q, ConsumerOptions::default(), move |m: Message<OrderPlaced>| {
-                let tx = tx.clone();
-                async move {
-                    tx.send((
-                        m.payload().clone(),
-                        m.attempt(),
-                        m.envelope().clone(),
-                        m.headers().clone(),
-                        m.content_type().map(str::to_owned),
-                    ))
-                    .ok();
-                    Ok(())
-                }
-            })
+            .consume(
+                &q,
+                ConsumerOptions::default(),
+                move |m: Message<OrderPlaced>| {
+                    let tx = tx.clone();
+                    async move {
+                        tx.send((
+                            m.payload().clone(),
+                            m.attempt(),
+                            m.envelope().clone(),
+                            m.headers().clone(),
+                            m.content_type().map(str::to_owned),
+                        ))
+                        .ok();
+                        Ok(())
+                    }
+                },
+            )
             .await
             .unwrap();
         let order = OrderPlaced {
@@ -89,8 +93,10 @@ async fn typed_round_trip_with_envelope_and_application_headers() {
             .unwrap();
         assert_eq!(r.message_id, "m-1");
         assert!(r.routed);
-        let (payload, attempt, env, headers, ct) =
-            tokio::time::timeout(WAIT, rx.recv()).await.unwrap().unwrap();
+        let (payload, attempt, env, headers, ct) = tokio::time::timeout(WAIT, rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(payload, order);
         assert_eq!(attempt, 1);
         assert_eq!(env.id(), "m-1");
@@ -149,12 +155,19 @@ async fn send_all_returns_one_confirmed_result_per_message() {
         let q = unique("batch");
         classic(&mq, &q).await;
         let payloads: Vec<u32> = (0..1000).collect();
-        let results = mq.publisher::<u32>("", &q).send_all(&payloads).await.unwrap();
+        let results = mq
+            .publisher::<u32>("", &q)
+            .send_all(&payloads)
+            .await
+            .unwrap();
         assert_eq!(results.len(), 1000);
         assert!(results.iter().all(|r| r.routed));
         let ids: std::collections::HashSet<_> = results.iter().map(|r| &r.message_id).collect();
         assert_eq!(ids.len(), 1000, "every message has its own id");
-        assert_eq!(wait_for_count(&**mq.transport(), &q, 1000, WAIT).await, 1000);
+        assert_eq!(
+            wait_for_count(&**mq.transport(), &q, 1000, WAIT).await,
+            1000
+        );
         // A batch with unroutable members reports how many failed.
         let missing = unique("batch-missing");
         let err = mq
@@ -162,7 +175,17 @@ async fn send_all_returns_one_confirmed_result_per_message() {
             .send_all(&[1, 2, 3])
             .await
             .unwrap_err();
-        assert!(matches!(err, Error::Batch { failed: 3, total: 3, .. }), "{err}");
+        assert!(
+            matches!(
+                err,
+                Error::Batch {
+                    failed: 3,
+                    total: 3,
+                    ..
+                }
+            ),
+            "{err}"
+        );
         cleanup(&mq, &q).await;
     })
     .await;
@@ -186,7 +209,14 @@ async fn reserved_prefix_is_refused_and_nothing_is_sent() {
             .await
             .unwrap_err();
         assert!(matches!(err, Error::InvalidArgument(_)));
-        assert_eq!(mq.transport().inspect_queue(&q).await.unwrap().message_count, 0);
+        assert_eq!(
+            mq.transport()
+                .inspect_queue(&q)
+                .await
+                .unwrap()
+                .message_count,
+            0
+        );
         cleanup(&mq, &q).await;
     })
     .await;
@@ -261,14 +291,18 @@ async fn a_message_without_acemq_headers_is_consumable() {
         classic(&mq, &q).await;
         let (tx, mut rx) = mpsc::unbounded_channel();
         let consumer = mq
-            .consume(&q, ConsumerOptions::default(), move |m: Message<OrderPlaced>| {
-                let tx = tx.clone();
-                async move {
-                    tx.send((m.attempt(), m.envelope().message_type().to_owned()))
-                        .ok();
-                    Ok(())
-                }
-            })
+            .consume(
+                &q,
+                ConsumerOptions::default(),
+                move |m: Message<OrderPlaced>| {
+                    let tx = tx.clone();
+                    async move {
+                        tx.send((m.attempt(), m.envelope().message_type().to_owned()))
+                            .ok();
+                        Ok(())
+                    }
+                },
+            )
             .await
             .unwrap();
         let raw = Outbound::new(
@@ -278,7 +312,10 @@ async fn a_message_without_acemq_headers_is_consumable() {
             br#"{"id":"raw-1","amount_cents":5}"#.to_vec(),
         );
         mq.transport().publish(raw).await.unwrap().await.unwrap();
-        let (attempt, kind) = tokio::time::timeout(WAIT, rx.recv()).await.unwrap().unwrap();
+        let (attempt, kind) = tokio::time::timeout(WAIT, rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(attempt, 1);
         assert_eq!(kind, q, "type falls back to the routing key");
         consumer.close().await;

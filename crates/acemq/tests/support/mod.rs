@@ -127,12 +127,16 @@ where
 
 /// Waits until a queue holds at least `n` ready messages; returns the count.
 pub async fn wait_for_count(t: &dyn Transport, queue: &str, n: u32, timeout: Duration) -> u32 {
-    eventually(timeout, &format!("{queue} to hold {n} messages"), || async {
-        match t.inspect_queue(queue).await {
-            Ok(info) if info.message_count >= n => Some(info.message_count),
-            _ => None,
-        }
-    })
+    eventually(
+        timeout,
+        &format!("{queue} to hold {n} messages"),
+        || async {
+            match t.inspect_queue(queue).await {
+                Ok(info) if info.message_count >= n => Some(info.message_count),
+                _ => None,
+            }
+        },
+    )
     .await
 }
 
@@ -142,7 +146,8 @@ pub fn fixture(file: &str) -> Option<serde_json::Value> {
     let dir = match std::env::var("ACEMQ_FAMILY_FIXTURES") {
         Ok(d) if !d.is_empty() => std::path::PathBuf::from(d),
         _ => {
-            let d = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures");
+            let d =
+                std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures");
             if !d.exists() {
                 eprintln!("note: no family fixtures (set ACEMQ_FAMILY_FIXTURES); skipped");
                 return None;
@@ -154,4 +159,48 @@ pub fn fixture(file: &str) -> Option<serde_json::Value> {
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("fixture {} is missing or unreadable: {e}", path.display()));
     Some(serde_json::from_str(&text).unwrap_or_else(|e| panic!("fixture {file}: {e}")))
+}
+
+/// Asserts, through `rabbitmqctl`, that a RabbitMQ queue has exactly these arguments.
+pub fn assert_rabbit_queue_arguments(queue: &str, expected: &[(&str, &str)]) {
+    let out = std::process::Command::new("rabbitmqctl")
+        .args([
+            "-q",
+            "list_queues",
+            "name",
+            "arguments",
+            "--formatter",
+            "json",
+        ])
+        .output()
+        .expect("rabbitmqctl must be available for broker tests");
+    assert!(
+        out.status.success(),
+        "rabbitmqctl failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let all: serde_json::Value = serde_json::from_slice(&out.stdout).expect("rabbitmqctl json");
+    let q = all
+        .as_array()
+        .and_then(|a| a.iter().find(|q| q["name"] == queue))
+        .unwrap_or_else(|| panic!("queue {queue} not on the broker"));
+    let args = q["arguments"].as_object().expect("arguments object");
+    let mut got: Vec<(String, String)> = args
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.clone(),
+                v.as_str()
+                    .map(str::to_owned)
+                    .unwrap_or_else(|| v.to_string()),
+            )
+        })
+        .collect();
+    got.sort();
+    let mut want: Vec<(String, String)> = expected
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    want.sort();
+    assert_eq!(got, want, "arguments of {queue}");
 }

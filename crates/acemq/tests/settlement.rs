@@ -1,0 +1,648 @@
+//! Conformance: the settlement engine (issue 3) on `memory://` and RabbitMQ.
+//!
+//! Pins what lands in which queue, with which headers, after how many handler runs: retries
+//! as republishes with the attempt on the message, the rung ladder, the age limit, `.dlq`
+//! for exhaustion and fatal errors, `.parked` for undecodable bodies, and the "never ack
+//! into nothing" rule when the target is missing.
+
+mod support;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use acemq::consume::{ConsumerOptions, HandlerError, Message};
+use acemq::envelope::{self, Envelope};
+use acemq::headers::HeaderValue;
+use acemq::retry::RetryPolicy;
+use acemq::topology::{QueueDecl, rung_decl};
+use acemq::transport::{Delivery, Outbound, Properties, Transport};
+use acemq::{Connection, Error};
+use support::{Target, eventually, on_each_target, unique, wait_for_count};
+
+const WAIT: Duration = Duration::from_secs(15);
+
+/// Attempts each message id was handled with, in order.
+#[derive(Clone, Default)]
+struct Seen(Arc<Mutex<HashMap<String, Vec<i32>>>>);
+
+impl Seen {
+    fn record(&self, m: &Message<serde_json::Value>) -> usize {
+        let mut map = self.0.lock().unwrap();
+        let runs = map.entry(m.envelope().id().to_owned()).or_default();
+        runs.push(m.attempt());
+        runs.len()
+    }
+    fn get(&self, id: &str) -> Vec<i32> {
+        self.0.lock().unwrap().get(id).cloned().unwrap_or_default()
+    }
+    fn total(&self) -> usize {
+        self.0.lock().unwrap().values().map(Vec::len).sum()
+    }
+}
+
+async fn setup(target: &Target, prefix: &str) -> (Connection, String) {
+    let mq = Connection::connect(&target.url()).await.unwrap();
+    let q = unique(prefix);
+    mq.transport()
+        .declare_queue(&QueueDecl::classic(&q))
+        .await
+        .unwrap();
+    (mq, q)
+}
+
+async fn teardown(mq: &Connection, q: &str, rungs: &[Duration]) {
+    for d in rungs {
+        let _ = mq
+            .transport()
+            .delete_queue(&acemq::topology::retry_queue(q, *d))
+            .await;
+    }
+    for suffix in ["", ".dlq", ".parked"] {
+        let _ = mq.transport().delete_queue(&format!("{q}{suffix}")).await;
+    }
+    mq.close().await.ok();
+}
+
+async fn send_json(mq: &Connection, q: &str, id: &str) {
+    mq.publisher::<serde_json::Value>("", q)
+        .send_with(
+            &serde_json::json!({"id": id}),
+            acemq::publish::SendOptions::new().message_id(id),
+        )
+        .await
+        .unwrap();
+}
+
+async fn publish_raw(t: &dyn Transport, q: &str, props: Properties, body: &[u8]) {
+    t.publish(Outbound::new("", q, props, body.to_vec()))
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+}
+
+/// Takes the one message in `queue` (waiting for it), acks it, returns it.
+async fn take_one(t: &dyn Transport, queue: &str) -> Delivery {
+    let d = eventually(WAIT, &format!("a message in {queue}"), || async {
+        t.get(queue).await.unwrap()
+    })
+    .await;
+    d.acker.ack().await.unwrap();
+    d
+}
+
+fn header_str(d: &Delivery, name: &str) -> String {
+    d.properties
+        .headers
+        .get(name)
+        .and_then(HeaderValue::as_str)
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_failing_k_times_runs_k_plus_one_times_with_attempts_from_the_header() {
+    on_each_target(|target: Target| async move {
+        let (mq, q) = setup(&target, "k-failures").await;
+        let seen = Seen::default();
+        let s = seen.clone();
+        let policy =
+            RetryPolicy::exponential(5, Duration::from_millis(10), Duration::from_millis(80))
+                .unwrap();
+        let consumer = mq
+            .consume(
+                &q,
+                ConsumerOptions::default().with_retry(policy),
+                move |m: Message<serde_json::Value>| {
+                    let s = s.clone();
+                    async move {
+                        s.record(&m);
+                        let k: i32 = m.envelope().id().trim_start_matches('k').parse().unwrap();
+                        if m.attempt() <= k {
+                            Err(HandlerError::retry(format!("failure {}", m.attempt())))
+                        } else {
+                            Ok(())
+                        }
+                    }
+                },
+            )
+            .await
+            .unwrap();
+        for k in 0..=4 {
+            send_json(&mq, &q, &format!("k{k}")).await;
+        }
+        eventually(WAIT, "5 acks", || async {
+            (consumer.stats().acked == 5).then_some(())
+        })
+        .await;
+        for k in 0..=4 {
+            let expected: Vec<i32> = (1..=k + 1).collect();
+            assert_eq!(seen.get(&format!("k{k}")), expected, "k = {k}");
+        }
+        let stats = consumer.stats();
+        assert_eq!((stats.retried, stats.dead_lettered), (10, 0));
+        consumer.close().await;
+        teardown(&mq, &q, &[]).await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broker_waits_visit_the_rung_and_exhaustion_lands_in_dlq_with_the_reason() {
+    on_each_target(|target: Target| async move {
+        let (mq, q) = setup(&target, "ladder").await;
+        let second = Duration::from_secs(1);
+        let policy = RetryPolicy::fixed(3, second)
+            .unwrap()
+            .wait_in_broker_from(second);
+        let seen = Seen::default();
+        let s = seen.clone();
+        let consumer = mq
+            .consume(
+                &q,
+                ConsumerOptions::default().with_retry(policy),
+                move |m: Message<serde_json::Value>| {
+                    let s = s.clone();
+                    async move {
+                        s.record(&m);
+                        Err(HandlerError::retry("payment service down"))
+                    }
+                },
+            )
+            .await
+            .unwrap();
+        // The consumer declared the rung with exactly the contract's arguments: an identical
+        // redeclare is accepted, a different TTL or target is refused by the broker.
+        let t = mq.transport();
+        t.declare_queue(&rung_decl(&q, second)).await.unwrap();
+        let other_ttl = rung_decl(&q, second).argument("x-message-ttl", 2000i64);
+        assert!(
+            t.declare_queue(&other_ttl)
+                .await
+                .unwrap_err()
+                .is_precondition_failed()
+        );
+        let other_target = rung_decl(&q, second).argument("x-dead-letter-routing-key", "elsewhere");
+        assert!(
+            t.declare_queue(&other_target)
+                .await
+                .unwrap_err()
+                .is_precondition_failed()
+        );
+        if let Target::Amqp(_) = target {
+            support::assert_rabbit_queue_arguments(
+                &format!("{q}.retry.1s"),
+                &[
+                    ("x-dead-letter-exchange", "acemq.retry"),
+                    ("x-dead-letter-routing-key", &q),
+                    ("x-message-ttl", "1000"),
+                ],
+            );
+        }
+        let started = std::time::Instant::now();
+        send_json(&mq, &q, "m-ladder").await;
+        let dead = take_one(&**t, &format!("{q}.dlq")).await;
+        assert!(
+            started.elapsed() >= Duration::from_millis(1900),
+            "two 1 s waits in the broker"
+        );
+        assert_eq!(seen.get("m-ladder"), vec![1, 2, 3]);
+        assert_eq!(
+            dead.properties.headers[envelope::ATTEMPT],
+            HeaderValue::I32(3)
+        );
+        assert_eq!(
+            header_str(&dead, envelope::ERROR),
+            "exhausted 3 attempts: payment service down"
+        );
+        assert_eq!(dead.properties.message_id.as_deref(), Some("m-ladder"));
+        assert_eq!(&dead.body[..], br#"{"id":"m-ladder"}"#);
+        let stats = consumer.stats();
+        assert_eq!(
+            (stats.retried, stats.dead_lettered, stats.rung_missing),
+            (2, 1, 0)
+        );
+        consumer.close().await;
+        teardown(&mq, &q, &[second]).await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_restarted_during_a_broker_wait_keeps_the_wait_and_the_count() {
+    on_each_target(|target: Target| async move {
+        let (mq, q) = setup(&target, "restart").await;
+        let wait = Duration::from_secs(2);
+        let policy = RetryPolicy::fixed(3, wait)
+            .unwrap()
+            .wait_in_broker_from(Duration::from_secs(1));
+        let first = mq
+            .consume(
+                &q,
+                ConsumerOptions::default().with_retry(policy.clone()),
+                |_m: Message<serde_json::Value>| async { Err(HandlerError::retry("down")) },
+            )
+            .await
+            .unwrap();
+        send_json(&mq, &q, "m-restart").await;
+        eventually(WAIT, "the first retry hop", || async {
+            (first.stats().retried == 1).then_some(())
+        })
+        .await;
+        first.close().await;
+        let rung = acemq::topology::retry_queue(&q, wait);
+        // Still waiting on the rung while no consumer runs (the broker holds it).
+        assert_eq!(
+            mq.transport()
+                .inspect_queue(&rung)
+                .await
+                .unwrap()
+                .message_count,
+            1
+        );
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let second = mq
+            .consume(
+                &q,
+                ConsumerOptions::default().with_retry(policy),
+                move |m: Message<serde_json::Value>| {
+                    let tx = tx.clone();
+                    async move {
+                        tx.send(m.attempt()).ok();
+                        Ok(())
+                    }
+                },
+            )
+            .await
+            .unwrap();
+        let attempt = tokio::time::timeout(WAIT, rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(attempt, 2, "the count travelled with the message");
+        second.close().await;
+        teardown(&mq, &q, &[wait]).await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_age_limit_dead_letters_on_the_first_failure() {
+    on_each_target(|target: Target| async move {
+        let (mq, q) = setup(&target, "age").await;
+        let policy = RetryPolicy::exponential(5, Duration::from_millis(10), Duration::from_secs(1))
+            .unwrap()
+            .give_up_after(Duration::from_secs(120));
+        let consumer = mq
+            .consume(
+                &q,
+                ConsumerOptions::default().with_retry(policy),
+                |_m: Message<serde_json::Value>| async {
+                    Err(HandlerError::retry("still failing"))
+                },
+            )
+            .await
+            .unwrap();
+        let mut props = Properties {
+            message_id: Some("old-1".into()),
+            ..Default::default()
+        };
+        Envelope::new("t")
+            .with_id("old-1")
+            .with_first_seen_millis(envelope::now_millis() - 180_000)
+            .write(&mut props.headers, "test@host");
+        publish_raw(&**mq.transport(), &q, props, br#"{"id":"old-1"}"#).await;
+        let dead = take_one(&**mq.transport(), &format!("{q}.dlq")).await;
+        assert_eq!(
+            header_str(&dead, envelope::ERROR),
+            "exceeded the maximum message age of 2m: still failing"
+        );
+        assert_eq!(
+            dead.properties.headers[envelope::ATTEMPT],
+            HeaderValue::I32(1)
+        );
+        assert_eq!(consumer.stats().retried, 0);
+        consumer.close().await;
+        teardown(&mq, &q, &[]).await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undecodable_body_is_parked_as_delivered_without_running_the_handler() {
+    on_each_target(|target: Target| async move {
+        let (mq, q) = setup(&target, "park").await;
+        let seen = Seen::default();
+        let s = seen.clone();
+        let consumer = mq
+            .consume(
+                &q,
+                ConsumerOptions::default(),
+                move |m: Message<serde_json::Value>| {
+                    let s = s.clone();
+                    async move {
+                        s.record(&m);
+                        Ok(())
+                    }
+                },
+            )
+            .await
+            .unwrap();
+        let mut props = Properties {
+            message_id: Some("bad-json".into()),
+            content_type: Some("application/json".into()),
+            ..Default::default()
+        };
+        props
+            .headers
+            .insert("x-custom".into(), HeaderValue::from("kept"));
+        props
+            .headers
+            .insert(envelope::ATTEMPT.into(), HeaderValue::I32(1));
+        let body = b"{not json at all \xff";
+        publish_raw(&**mq.transport(), &q, props, body).await;
+        let parked = take_one(&**mq.transport(), &format!("{q}.parked")).await;
+        assert_eq!(&parked.body[..], &body[..], "bytes unchanged");
+        assert_eq!(header_str(&parked, "x-custom"), "kept");
+        assert_eq!(
+            parked.properties.headers[envelope::ATTEMPT],
+            HeaderValue::I32(1)
+        );
+        assert!(
+            header_str(&parked, envelope::ERROR).starts_with("could not be decoded: invalid JSON")
+        );
+        assert_eq!(parked.properties.message_id.as_deref(), Some("bad-json"));
+        assert_eq!(seen.total(), 0, "the handler never ran");
+        assert_eq!(consumer.stats().parked, 1);
+        consumer.close().await;
+        teardown(&mq, &q, &[]).await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_dlq_leaves_the_message_in_its_queue_and_the_consumer_serving() {
+    on_each_target(|target: Target| async move {
+        let (mq, q) = setup(&target, "no-dlq").await;
+        let consumer = mq
+            .consume(
+                &q,
+                ConsumerOptions::default(),
+                |m: Message<serde_json::Value>| async move {
+                    if m.payload()["id"] == "bad" {
+                        Err(HandlerError::fatal("unprocessable"))
+                    } else {
+                        Ok(())
+                    }
+                },
+            )
+            .await
+            .unwrap();
+        mq.transport()
+            .delete_queue(&format!("{q}.dlq"))
+            .await
+            .unwrap();
+        send_json(&mq, &q, "bad").await;
+        eventually(WAIT, "a failed move", || async {
+            (consumer.stats().set_aside_failed >= 1).then_some(())
+        })
+        .await;
+        send_json(&mq, &q, "good").await;
+        eventually(WAIT, "the good one acked", || async {
+            (consumer.stats().acked == 1).then_some(())
+        })
+        .await;
+        consumer.close().await;
+        let stats = consumer.stats();
+        assert_eq!(stats.rejected, 0, "nothing counted as moved");
+        let d = take_one(&**mq.transport(), &q).await;
+        assert_eq!(
+            d.properties.message_id.as_deref(),
+            Some("bad"),
+            "the original is still there"
+        );
+        assert_eq!(
+            mq.transport()
+                .inspect_queue(&q)
+                .await
+                .unwrap()
+                .message_count,
+            0
+        );
+        teardown(&mq, &q, &[]).await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fatal_goes_to_dlq_after_one_attempt_and_a_huge_reason_is_cut() {
+    on_each_target(|target: Target| async move {
+        let (mq, q) = setup(&target, "fatal").await;
+        let seen = Seen::default();
+        let s = seen.clone();
+        let policy =
+            RetryPolicy::exponential(5, Duration::from_millis(10), Duration::from_millis(50))
+                .unwrap();
+        let consumer = mq
+            .consume(
+                &q,
+                ConsumerOptions::default().with_retry(policy),
+                move |m: Message<serde_json::Value>| {
+                    let s = s.clone();
+                    async move {
+                        s.record(&m);
+                        Err(HandlerError::fatal("x".repeat(1 << 20)))
+                    }
+                },
+            )
+            .await
+            .unwrap();
+        send_json(&mq, &q, "poison").await;
+        let dead = take_one(&**mq.transport(), &format!("{q}.dlq")).await;
+        let reason = header_str(&dead, envelope::ERROR);
+        assert!(reason.starts_with("the handler reported an unprocessable message: xxx"));
+        assert!(
+            reason.len() <= acemq::consume::settle::MAX_REASON_BYTES
+                && reason.ends_with("[truncated]")
+        );
+        assert_eq!(seen.get("poison"), vec![1]);
+        assert_eq!(consumer.stats().rejected, 1);
+        consumer.close().await;
+        teardown(&mq, &q, &[]).await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_handler_is_retried_and_the_consumer_survives() {
+    on_each_target(|target: Target| async move {
+        let (mq, q) = setup(&target, "panic").await;
+        let policy =
+            RetryPolicy::exponential(3, Duration::from_millis(10), Duration::from_millis(50))
+                .unwrap();
+        let seen = Seen::default();
+        let s = seen.clone();
+        let consumer = mq
+            .consume(
+                &q,
+                ConsumerOptions::default().with_retry(policy),
+                move |m: Message<serde_json::Value>| {
+                    let s = s.clone();
+                    async move {
+                        s.record(&m);
+                        if m.attempt() == 1 {
+                            panic!("handler bug on attempt {}", m.attempt());
+                        }
+                        Ok(())
+                    }
+                },
+            )
+            .await
+            .unwrap();
+        send_json(&mq, &q, "p-1").await;
+        send_json(&mq, &q, "p-2").await;
+        eventually(WAIT, "both acked", || async {
+            (consumer.stats().acked == 2).then_some(())
+        })
+        .await;
+        assert_eq!(seen.get("p-1"), vec![1, 2]);
+        assert_eq!(seen.get("p-2"), vec![1, 2]);
+        assert_eq!(consumer.stats().retried, 2);
+        consumer.close().await;
+        teardown(&mq, &q, &[]).await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raw_message_is_retried_and_dead_lettered_like_any_other() {
+    on_each_target(|target: Target| async move {
+        let (mq, q) = setup(&target, "raw-retry").await;
+        let policy = RetryPolicy::fixed(2, Duration::from_millis(10)).unwrap();
+        let seen = Seen::default();
+        let s = seen.clone();
+        let consumer = mq
+            .consume(
+                &q,
+                ConsumerOptions::default().with_retry(policy),
+                move |m: Message<serde_json::Value>| {
+                    let s = s.clone();
+                    async move {
+                        s.record(&m);
+                        Err(HandlerError::retry("nope"))
+                    }
+                },
+            )
+            .await
+            .unwrap();
+        let props = Properties {
+            message_id: Some("raw-1".into()),
+            ..Default::default()
+        };
+        publish_raw(&**mq.transport(), &q, props, br#"{"plain":true}"#).await;
+        let dead = take_one(&**mq.transport(), &format!("{q}.dlq")).await;
+        assert_eq!(seen.get("raw-1"), vec![1, 2]);
+        assert_eq!(
+            dead.properties.headers[envelope::ATTEMPT],
+            HeaderValue::I32(2)
+        );
+        assert_eq!(header_str(&dead, envelope::ID), "raw-1");
+        assert_eq!(
+            header_str(&dead, envelope::ERROR),
+            "exhausted 2 attempts: nope"
+        );
+        consumer.close().await;
+        teardown(&mq, &q, &[]).await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_refuses_to_start_when_its_rung_exists_with_other_arguments() {
+    on_each_target(|target: Target| async move {
+        let (mq, q) = setup(&target, "bad-rung").await;
+        let delay = Duration::from_secs(60);
+        let wrong = rung_decl(&q, delay).argument("x-message-ttl", 1234i64);
+        mq.transport().declare_queue(&wrong).await.unwrap();
+        let policy = RetryPolicy::fixed(2, delay).unwrap();
+        let err = mq
+            .consume(
+                &q,
+                ConsumerOptions::default().with_retry(policy),
+                |_m: Message<serde_json::Value>| async { Ok(()) },
+            )
+            .await
+            .unwrap_err();
+        match err {
+            Error::ConsumerTopology {
+                queue,
+                item,
+                source,
+            } => {
+                assert_eq!(queue, q);
+                assert_eq!(item, format!("queue {q}.retry.1m"));
+                assert!(source.is_precondition_failed(), "{source}");
+            }
+            other => panic!("expected a topology refusal, got {other}"),
+        }
+        teardown(&mq, &q, &[delay]).await;
+    })
+    .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_six_hour_ladder_runs_to_dlq_in_well_under_a_second_on_a_paused_clock() {
+    let wall = std::time::Instant::now();
+    let mq = Connection::connect(&format!("memory://{}", unique("paused-ladder")))
+        .await
+        .unwrap();
+    let q = "orders.paused";
+    mq.transport()
+        .declare_queue(&QueueDecl::classic(q))
+        .await
+        .unwrap();
+    let policy = RetryPolicy::exponential(
+        5,
+        Duration::from_secs(45 * 60),
+        Duration::from_secs(6 * 3600),
+    )
+    .unwrap();
+    assert_eq!(
+        policy.broker_rungs().len(),
+        4,
+        "every wait is on a rung: {policy}"
+    );
+    let seen = Seen::default();
+    let s = seen.clone();
+    let consumer = mq
+        .consume(
+            q,
+            ConsumerOptions::default().with_retry(policy),
+            move |m: Message<serde_json::Value>| {
+                let s = s.clone();
+                async move {
+                    s.record(&m);
+                    Err(HandlerError::retry("never works"))
+                }
+            },
+        )
+        .await
+        .unwrap();
+    send_json(&mq, q, "slow-1").await;
+    let dead = wait_for_count(
+        &**mq.transport(),
+        &format!("{q}.dlq"),
+        1,
+        Duration::from_secs(24 * 3600),
+    )
+    .await;
+    assert_eq!(dead, 1);
+    assert_eq!(seen.get("slow-1"), vec![1, 2, 3, 4, 5]);
+    assert!(
+        wall.elapsed() < Duration::from_secs(1),
+        "took {:?} of wall time",
+        wall.elapsed()
+    );
+    consumer.close().await;
+}
