@@ -1,0 +1,560 @@
+//! Delivery and settlement: the message half of the broker state.
+//!
+//! This module owns channels (one per subscription, one per connection for basic.get),
+//! their delivery tags and unacked deliveries, publishing into queues, round-robin
+//! dispatch within each consumer's prefetch window, settlement (ack, requeue to the head
+//! marked redelivered, reject into the dead-letter exchange or nowhere), expiry at the
+//! head of a queue, and what happens when a channel or connection closes.
+//!
+//! Deliveries leave through an unbounded tokio mpsc per subscription (the prefetch window
+//! bounds it); the `Delivery` value itself is built on the consumer's side, outside the
+//! broker lock.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::broker::{State, count, not_found_queue};
+use super::deadletter::{self, Reason};
+use super::queue::{self, Kind, Message, Ready};
+use crate::transport::{
+    Confirmation, ConsumeSpec, Outbound, Settlement, TransportError, check_short,
+};
+
+/// A delivery on its way to a subscription (or out of basic.get).
+#[derive(Debug)]
+pub(crate) struct Pending {
+    pub msg: Arc<Message>,
+    pub tag: u64,
+    pub redelivered: bool,
+    /// Times it came back to its queue before.
+    pub returns: u32,
+    /// It came from a quorum queue (which reports `x-delivery-count`).
+    pub quorum: bool,
+}
+
+/// The consumer on a subscription's channel.
+#[derive(Debug)]
+pub(crate) struct Consumer {
+    pub queue: Arc<str>,
+    pub queue_id: u64,
+    pub tx: mpsc::UnboundedSender<Pending>,
+    /// Window of unacked deliveries; 0 is unlimited (RabbitMQ's meaning).
+    pub prefetch: usize,
+}
+
+/// A delivery not yet settled.
+#[derive(Debug)]
+pub(crate) struct Unacked {
+    pub tag: u64,
+    pub queue: Arc<str>,
+    pub queue_id: u64,
+    pub msg: Arc<Message>,
+    pub returns: u32,
+    pub expires_at: Option<Instant>,
+}
+
+/// An AMQP channel, as far as deliveries go.
+#[derive(Debug)]
+pub(crate) struct Channel {
+    pub conn: u64,
+    pub next_tag: u64,
+    /// Unsettled deliveries in tag order.
+    pub unacked: VecDeque<Unacked>,
+    pub consumer: Option<Consumer>,
+    /// Set when the channel closes, so buffered deliveries are not handed out.
+    pub closed: Arc<AtomicBool>,
+}
+
+impl Channel {
+    pub(crate) fn new(conn: u64, consumer: Option<Consumer>) -> Channel {
+        Channel {
+            conn,
+            next_tag: 1,
+            unacked: VecDeque::new(),
+            consumer,
+            closed: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    fn has_credit(&self) -> bool {
+        self.consumer
+            .as_ref()
+            .is_some_and(|c| c.prefetch == 0 || self.unacked.len() < c.prefetch)
+    }
+}
+
+/// Queues whose heads changed and need a dispatch pass.
+pub(crate) type Work = Vec<Arc<str>>;
+
+fn push_work(work: &mut Work, name: &Arc<str>) {
+    if !work.iter().any(|w| Arc::ptr_eq(w, name)) {
+        work.push(name.clone());
+    }
+}
+
+impl State {
+    /// basic.publish with confirms: refused while blocked, NotFound for a missing
+    /// exchange (at publish time), Unroutable for a mandatory publish that reached no
+    /// queue, Routed otherwise (a non-mandatory publish that reached nothing is simply
+    /// acked, as RabbitMQ acks it).
+    pub(crate) fn publish(&mut self, m: Outbound) -> Result<Confirmation, TransportError> {
+        if let Some(reason) = &self.blocked {
+            return Err(TransportError::Blocked {
+                reason: reason.clone(),
+            });
+        }
+        check_short(&m.exchange)?;
+        check_short(&m.routing_key)?;
+        if m.properties.priority.is_some() {
+            return Err(TransportError::Unsupported(
+                "the memory:// broker has no priority queues; publish without the priority property".into(),
+            ));
+        }
+        queue::parse_expiration(&m.properties)?;
+        let msg = Arc::new(Message {
+            exchange: m.exchange,
+            routing_key: m.routing_key,
+            properties: m.properties,
+            body: m.body,
+        });
+        let now = Instant::now();
+        let mut work = Work::new();
+        let routed = if msg.exchange.is_empty() {
+            // The default exchange: straight to the queue named by the key.
+            let key = msg.clone();
+            let hit = self.queues.contains_key(key.routing_key.as_str());
+            if hit {
+                self.enqueue(&key.routing_key, msg, now, &mut work);
+            }
+            hit
+        } else {
+            let targets = self.route(&msg.exchange, &msg.routing_key, &msg.properties.headers)?;
+            for t in &targets {
+                self.enqueue(t, msg.clone(), now, &mut work);
+            }
+            !targets.is_empty()
+        };
+        self.run(work, now);
+        if routed || !m.mandatory {
+            Ok(Confirmation::Routed)
+        } else {
+            Ok(Confirmation::Unroutable {
+                reply_code: 312,
+                reply_text: "NO_ROUTE".into(),
+            })
+        }
+    }
+
+    /// Appends a message to a queue (or, with a TTL of 0 and nobody to take it at once,
+    /// expires it on arrival as RabbitMQ does).
+    fn enqueue(&mut self, name: &str, msg: Arc<Message>, now: Instant, work: &mut Work) {
+        let Some(q) = self.queues.get(name) else {
+            return;
+        };
+        let ttl = queue::effective_ttl(q.ttl, queue::message_ttl(&msg.properties));
+        let mut expires_at = q.expiry_for(&msg, now);
+        if ttl == Some(0) {
+            let can_take = q.ready.is_empty()
+                && q.consumers
+                    .iter()
+                    .any(|c| self.channels.get(c).is_some_and(Channel::has_credit));
+            if !can_take {
+                let (qname, dlx, dlrk) = (q.name.clone(), q.dlx.clone(), q.dlrk.clone());
+                self.dead_letter(&msg, &qname, Reason::Expired, dlx, dlrk, now, work);
+                return;
+            }
+            expires_at = None;
+        }
+        let Some(q) = self.queues.get_mut(name) else {
+            return;
+        };
+        q.ready.push_back(Ready {
+            msg,
+            redelivered: false,
+            returns: 0,
+            expires_at,
+        });
+        push_work(work, &q.name);
+    }
+
+    /// Dispatches every queue in `work` (and whatever their dead letters reach).
+    pub(crate) fn run(&mut self, mut work: Work, now: Instant) {
+        while let Some(name) = work.pop() {
+            self.dispatch(&name, now, &mut work);
+        }
+    }
+
+    /// Expires the head and hands ready messages to consumers with room in their window,
+    /// round-robin, until one runs out.
+    fn dispatch(&mut self, name: &str, now: Instant, work: &mut Work) {
+        let State {
+            queues, channels, ..
+        } = self;
+        let Some(q) = queues.get_mut(name) else {
+            return;
+        };
+        let quorum = q.kind == Kind::Quorum;
+        let mut expired: Vec<Ready> = Vec::new();
+        loop {
+            if q.head_expiry().is_some_and(|at| at <= now) {
+                expired.extend(q.take_expired_head(now));
+            }
+            if q.ready.is_empty() || q.consumers.is_empty() {
+                break;
+            }
+            let n = q.consumers.len();
+            let chosen = (0..n).map(|i| (q.rr + i) % n).find(|&idx| {
+                channels
+                    .get(&q.consumers[idx])
+                    .is_some_and(Channel::has_credit)
+            });
+            let Some(idx) = chosen else { break };
+            let cid = q.consumers[idx];
+            q.rr = (idx + 1) % n;
+            let (Some(ch), Some(r)) = (channels.get_mut(&cid), q.ready.pop_front()) else {
+                break;
+            };
+            let tag = ch.next_tag;
+            let sent = ch.consumer.as_ref().is_some_and(|c| {
+                c.tx.send(Pending {
+                    msg: r.msg.clone(),
+                    tag,
+                    redelivered: r.redelivered,
+                    returns: r.returns,
+                    quorum,
+                })
+                .is_ok()
+            });
+            if !sent {
+                // The subscription is gone without closing: detach it, keep the message.
+                q.ready.push_front(r);
+                ch.consumer = None;
+                q.remove_consumer(cid);
+                continue;
+            }
+            ch.next_tag += 1;
+            ch.unacked.push_back(Unacked {
+                tag,
+                queue: q.name.clone(),
+                queue_id: q.id,
+                msg: r.msg,
+                returns: r.returns,
+                expires_at: r.expires_at,
+            });
+        }
+        let (qname, dlx, dlrk) = (q.name.clone(), q.dlx.clone(), q.dlrk.clone());
+        self.poke_timer(name);
+        for r in expired {
+            self.dead_letter(
+                &r.msg,
+                &qname,
+                Reason::Expired,
+                dlx.clone(),
+                dlrk.clone(),
+                now,
+                work,
+            );
+        }
+    }
+
+    /// Republishes a message that left `queue` through the queue's dead-letter exchange;
+    /// drops it when there is none, when the exchange does not exist, or for each target
+    /// that would close a cycle.
+    #[allow(clippy::too_many_arguments)]
+    fn dead_letter(
+        &mut self,
+        msg: &Message,
+        queue: &str,
+        reason: Reason,
+        dlx: Option<String>,
+        dlrk: Option<String>,
+        now: Instant,
+        work: &mut Work,
+    ) {
+        let Some(dlx) = dlx else { return };
+        let out = deadletter::dead_letter(msg, queue, reason, &dlx, dlrk.as_deref());
+        let Ok(targets) = self.route(&out.exchange, &out.routing_key, &out.properties.headers)
+        else {
+            return;
+        };
+        let out = Arc::new(out);
+        for t in targets {
+            if !deadletter::is_cycle(&out, &t) {
+                self.enqueue(&t, out.clone(), now, work);
+            }
+        }
+    }
+
+    /// Settles deliveries of a channel. An unknown or already settled tag is
+    /// `AckNotSent` (RabbitMQ would close the channel with PRECONDITION_FAILED "unknown
+    /// delivery tag"; the memory broker keeps the channel). `multiple` with tag 0 covers
+    /// every unsettled delivery, as in AMQP.
+    pub(crate) fn settle(
+        &mut self,
+        channel: u64,
+        tag: u64,
+        settlement: Settlement,
+        now: Instant,
+    ) -> Result<(), TransportError> {
+        let ch = self
+            .channels
+            .get_mut(&channel)
+            .ok_or(TransportError::AckNotSent)?;
+        let (multiple, requeue, ack) = match settlement {
+            Settlement::Ack { multiple } => (multiple, false, true),
+            Settlement::Nack { multiple, requeue } => (multiple, requeue, false),
+            Settlement::Reject { requeue } => (false, requeue, false),
+        };
+        let taken: Vec<Unacked> = if multiple && tag == 0 {
+            ch.unacked.drain(..).collect()
+        } else {
+            let idx = ch
+                .unacked
+                .binary_search_by_key(&tag, |u| u.tag)
+                .map_err(|_| TransportError::AckNotSent)?;
+            if multiple {
+                ch.unacked.drain(..=idx).collect()
+            } else {
+                ch.unacked.remove(idx).into_iter().collect()
+            }
+        };
+        let mut work = Work::new();
+        if let Some(c) = &ch.consumer {
+            push_work(&mut work, &c.queue);
+        }
+        if requeue {
+            self.requeue(taken, &mut work);
+        } else if !ack {
+            for u in taken {
+                let cfg = self
+                    .queues
+                    .get(&*u.queue)
+                    .filter(|q| q.id == u.queue_id)
+                    .map(|q| (q.dlx.clone(), q.dlrk.clone()));
+                if let Some((dlx, dlrk)) = cfg {
+                    self.dead_letter(
+                        &u.msg,
+                        &u.queue,
+                        Reason::Rejected,
+                        dlx,
+                        dlrk,
+                        now,
+                        &mut work,
+                    );
+                }
+            }
+        }
+        self.run(work, now);
+        Ok(())
+    }
+
+    /// Puts deliveries back at the head of their queues, in their original order,
+    /// marked redelivered, with their original expiry.
+    fn requeue(&mut self, taken: Vec<Unacked>, work: &mut Work) {
+        for u in taken.into_iter().rev() {
+            if let Some(q) = self
+                .queues
+                .get_mut(&*u.queue)
+                .filter(|q| q.id == u.queue_id)
+            {
+                q.ready.push_front(Ready {
+                    msg: u.msg,
+                    redelivered: true,
+                    returns: u.returns.saturating_add(1),
+                    expires_at: u.expires_at,
+                });
+                push_work(work, &q.name);
+            }
+        }
+    }
+
+    /// basic.consume on a new channel of `conn`.
+    pub(crate) fn consume(
+        &mut self,
+        conn: u64,
+        spec: &ConsumeSpec,
+        now: Instant,
+    ) -> Result<(u64, mpsc::UnboundedReceiver<Pending>, Arc<AtomicBool>), TransportError> {
+        check_short(&spec.consumer_tag)?;
+        let q = self.accessible_queue(&spec.queue, conn)?;
+        if q.exclusive_consumer || (spec.exclusive && !q.consumers.is_empty()) {
+            return Err(TransportError::AccessRefused {
+                detail: format!("{} in exclusive use", queue::queue_ref(&spec.queue)),
+            });
+        }
+        let (queue_name, queue_id) = (q.name.clone(), q.id);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let id = self.next_id();
+        let ch = Channel::new(
+            conn,
+            Some(Consumer {
+                queue: queue_name.clone(),
+                queue_id,
+                tx,
+                prefetch: usize::from(spec.prefetch),
+            }),
+        );
+        let closed = ch.closed.clone();
+        self.channels.insert(id, ch);
+        if let Some(q) = self.queues.get_mut(&spec.queue) {
+            q.consumers.push(id);
+            q.had_consumer = true;
+            q.exclusive_consumer = spec.exclusive;
+        }
+        self.run(vec![queue_name], now);
+        Ok((id, rx, closed))
+    }
+
+    /// basic.get on the connection's get channel: the head message, unacked until
+    /// settled, outside any prefetch window.
+    pub(crate) fn get(
+        &mut self,
+        conn: u64,
+        channel: u64,
+        name: &str,
+        now: Instant,
+    ) -> Result<Option<Pending>, TransportError> {
+        self.accessible_queue(name, conn)?;
+        let mut work = Work::new();
+        // A dispatch pass first: it expires the head (dead-lettering it) like a consumer would.
+        self.dispatch(name, now, &mut work);
+        self.run(work, now);
+        let State {
+            queues, channels, ..
+        } = self;
+        let q = queues.get_mut(name).ok_or_else(|| not_found_queue(name))?;
+        let ch = channels
+            .get_mut(&channel)
+            .ok_or_else(|| TransportError::Closed {
+                detail: "the connection is closed".into(),
+            })?;
+        let Some(r) = q.ready.pop_front() else {
+            return Ok(None);
+        };
+        let tag = ch.next_tag;
+        ch.next_tag += 1;
+        ch.unacked.push_back(Unacked {
+            tag,
+            queue: q.name.clone(),
+            queue_id: q.id,
+            msg: r.msg.clone(),
+            returns: r.returns,
+            expires_at: r.expires_at,
+        });
+        let pending = Pending {
+            msg: r.msg,
+            tag,
+            redelivered: r.redelivered,
+            returns: r.returns,
+            quorum: q.kind == Kind::Quorum,
+        };
+        self.poke_timer(name);
+        Ok(Some(pending))
+    }
+
+    /// basic.cancel: no new deliveries; unsettled ones stay settleable.
+    pub(crate) fn cancel_consumer(&mut self, channel: u64) {
+        let consumer = self
+            .channels
+            .get_mut(&channel)
+            .and_then(|ch| ch.consumer.take());
+        if let Some(c) = consumer {
+            self.detach(&c, channel);
+        }
+    }
+
+    /// Detaches a consumer from its queue; an auto-delete queue that loses its last
+    /// consumer is deleted.
+    fn detach(&mut self, c: &Consumer, channel: u64) {
+        let Some(q) = self
+            .queues
+            .get_mut(&*c.queue)
+            .filter(|q| q.id == c.queue_id)
+        else {
+            return;
+        };
+        q.remove_consumer(channel);
+        if q.auto_delete && q.had_consumer && q.consumers.is_empty() {
+            let name = q.name.clone();
+            self.remove_queue(&name);
+        }
+    }
+
+    /// Closes a channel: its consumer goes, its unsettled deliveries return to the head
+    /// of their queues (in order, redelivered), later settlements are `AckNotSent`.
+    pub(crate) fn close_channel(&mut self, channel: u64, now: Instant) {
+        let Some(mut ch) = self.channels.remove(&channel) else {
+            return;
+        };
+        ch.closed.store(true, Ordering::Release);
+        if let Some(c) = ch.consumer.take() {
+            self.detach(&c, channel);
+        }
+        let taken: Vec<Unacked> = ch.unacked.drain(..).collect();
+        let mut work = Work::new();
+        self.requeue(taken, &mut work);
+        self.run(work, now);
+    }
+
+    /// Closes a connection: every channel of it, then its exclusive queues.
+    pub(crate) fn close_connection(&mut self, conn: u64, now: Instant) {
+        let channels: Vec<u64> = self
+            .channels
+            .iter()
+            .filter(|(_, c)| c.conn == conn)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in channels {
+            self.close_channel(id, now);
+        }
+        let exclusive: Vec<Arc<str>> = self
+            .queues
+            .values()
+            .filter(|q| q.exclusive_owner == Some(conn))
+            .map(|q| q.name.clone())
+            .collect();
+        for q in exclusive {
+            self.remove_queue(&q);
+        }
+        self.connections.remove(&conn);
+    }
+
+    /// queue.purge: drops the ready messages (not the unacked ones); returns how many.
+    pub(crate) fn purge(&mut self, conn: u64, name: &str) -> Result<u32, TransportError> {
+        self.accessible_queue(name, conn)?;
+        let q = self
+            .queues
+            .get_mut(name)
+            .ok_or_else(|| not_found_queue(name))?;
+        let n = count(q.ready.len());
+        q.ready.clear();
+        Ok(n)
+    }
+
+    /// The expiry task's step: expires the head of queue `name` (incarnation `id`) and
+    /// returns the instant to sleep until, or `None` to stop (nothing left to expire,
+    /// or the queue is gone).
+    pub(crate) fn expire_tick(&mut self, name: &str, id: u64, now: Instant) -> Option<Instant> {
+        if self.queues.get(name).is_none_or(|q| q.id != id) {
+            return None;
+        }
+        let mut work = Work::new();
+        self.dispatch(name, now, &mut work);
+        self.run(work, now);
+        let q = self.queues.get_mut(name).filter(|q| q.id == id)?;
+        match (q.head_expiry(), q.timer.as_mut()) {
+            (Some(at), Some(t)) => {
+                t.deadline = at;
+                Some(at)
+            }
+            _ => {
+                q.timer = None;
+                None
+            }
+        }
+    }
+}
