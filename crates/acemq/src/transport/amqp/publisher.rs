@@ -1,0 +1,491 @@
+//! Publishing with confirms on one confirm-mode channel, and the confirm collector.
+//!
+//! # Why it is built like this
+//!
+//! * **One `basic_publish` at a time per channel.** lapin registers the confirm tag and
+//!   queues the frames under different locks, so two concurrent `basic_publish` calls on one
+//!   channel could pair a `PublisherConfirm` with the other message. Calls are serialized
+//!   under an async mutex that is held only until lapin has written the frames; the confirm
+//!   is awaited outside it, so publishes pipeline.
+//! * **Returns are matched by `message_id`.** lapin hands a `basic.return` to whichever
+//!   pending confirm completes next, and a `multiple=true` ack completes its tags in
+//!   `HashMap` order, so a return can ride on another publish's confirm. Every confirm goes,
+//!   in publish order, to a collector task (one per publisher channel). When the oldest one
+//!   resolves, the collector gathers every later confirm that is already resolved, collects
+//!   the returns carried by all of them, and answers each publish by its own id: routed,
+//!   unroutable or nacked. Before it gathers, it takes lapin's acknowledgement lock once
+//!   (through a single, never-awaited poll of `wait_for_confirms`), so an ack frame that is
+//!   being applied is seen whole and a return is never missed because its carrier resolved
+//!   a microsecond later; this repeats until a pass finds nothing new. A return whose
+//!   publish is still unanswered waits for it in a map keyed by id.
+//! * **Publishes without a `message_id`** are answered by the return lapin attached to their
+//!   own confirm (exact when they are not pipelined with other unroutable publishes; give
+//!   every publish an id, as AceMQ does).
+//! * **Timeouts.** A confirm that does not arrive within `confirm_timeout` is answered with
+//!   [`TransportError::ConfirmTimeout`] (in doubt); the collector keeps waiting for it, so a
+//!   late confirm still hands over any return it carries. Deadlines are checked by the
+//!   collector (one timer), not by a timer per publish.
+//! * **A dead channel heals.** A 404 on publish (missing exchange) makes the broker close the
+//!   channel; its pending confirms are rejected with the broker's error. The publish whose
+//!   exchange the error names gets [`TransportError::NotFound`]; the others rejected with it
+//!   get [`TransportError::Closed`] (they were discarded, not refused). The next publish
+//!   sees the channel closed and opens a new one.
+//! * **Blocked connection.** The caller checks the blocked state before publishing (nothing is
+//!   sent then). If the broker blocks the connection while this publish's frames are still
+//!   queued in lapin, the frames stay queued and go out once it unblocks, so that publish is
+//!   reported in doubt ([`TransportError::ConfirmTimeout`]) instead of hanging.
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{HashMap, VecDeque};
+use std::hash::{Hash, Hasher};
+use std::time::Duration;
+
+use futures::FutureExt;
+use lapin::Confirmation as LapinConfirmation;
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::{Channel, Connection, PublisherConfirm};
+use tokio::sync::{Mutex, mpsc, oneshot, watch};
+use tokio::time::Instant;
+use tracing::{debug, warn};
+
+use super::convert;
+use super::errors::{from_lapin, named_exchange};
+use crate::transport::{Confirmation, Outbound, PendingConfirm, TransportError, TransportStatus};
+
+type Reply = oneshot::Sender<Result<Confirmation, TransportError>>;
+
+/// One publish waiting for its confirm, in the collector's FIFO.
+struct Pending {
+    /// The publish's `message_id`, to match returns.
+    message_id: Option<String>,
+    /// A hash of the exchange, to tell which publish a channel close was about.
+    exchange: u64,
+    /// When the publish is reported in doubt.
+    deadline: Instant,
+    confirm: PublisherConfirm,
+    /// `None` once answered (by a timeout).
+    reply: Option<Reply>,
+}
+
+/// The live publisher channel and its collector.
+struct Live {
+    channel: Channel,
+    collector: mpsc::UnboundedSender<Pending>,
+}
+
+struct State {
+    live: Option<Live>,
+    status: watch::Receiver<TransportStatus>,
+    closed: bool,
+}
+
+/// The publishing side of the transport: owns the publishing connection.
+pub(crate) struct Publisher {
+    conn: Connection,
+    state: Mutex<State>,
+    confirm_timeout: Duration,
+}
+
+impl std::fmt::Debug for Publisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Publisher")
+            .field("confirm_timeout", &self.confirm_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+fn exchange_tag(exchange: &str) -> u64 {
+    let mut h = DefaultHasher::new();
+    exchange.hash(&mut h);
+    h.finish()
+}
+
+impl Publisher {
+    pub(crate) fn new(
+        conn: Connection,
+        status: watch::Receiver<TransportStatus>,
+        confirm_timeout: Duration,
+    ) -> Self {
+        Publisher {
+            conn,
+            state: Mutex::new(State {
+                live: None,
+                status,
+                closed: false,
+            }),
+            confirm_timeout,
+        }
+    }
+
+    /// The publishing connection.
+    pub(crate) fn connection(&self) -> &Connection {
+        &self.conn
+    }
+
+    /// `Some(reason)` while the broker blocks the publishing connection. lapin's own flag is
+    /// the truth (it is set before the event is sent); the reason comes from the event.
+    pub(crate) fn blocked(&self, status: &watch::Receiver<TransportStatus>) -> Option<String> {
+        if !self.conn.status().blocked() {
+            return None;
+        }
+        Some(
+            status
+                .borrow()
+                .blocked
+                .clone()
+                .unwrap_or_else(|| "blocked by the broker".to_owned()),
+        )
+    }
+
+    /// Publishes one message; see the module docs.
+    pub(crate) async fn publish(&self, m: Outbound) -> Result<PendingConfirm, TransportError> {
+        crate::transport::check_short(&m.exchange)?;
+        crate::transport::check_short(&m.routing_key)?;
+        let exchange_hash = exchange_tag(&m.exchange);
+        let exchange = convert::short("exchange", m.exchange)?;
+        let routing_key = convert::short("routing key", m.routing_key)?;
+        let message_id = m.properties.message_id.clone();
+        let properties = convert::to_basic(m.properties)?;
+        let options = BasicPublishOptions {
+            mandatory: m.mandatory,
+            immediate: false,
+        };
+
+        let mut guard = self.state.lock().await;
+        let state = &mut *guard;
+        if state.closed {
+            return Err(TransportError::Closed {
+                detail: "the transport was closed".into(),
+            });
+        }
+        if let Some(reason) = self.blocked(&state.status) {
+            return Err(TransportError::Blocked { reason });
+        }
+        let live = self.live(&mut state.live).await?;
+        state.status.mark_unchanged();
+        let started = Instant::now();
+        let written = {
+            let publish =
+                live.channel
+                    .basic_publish(exchange, routing_key, options, &m.body, properties);
+            tokio::select! {
+                biased;
+                written = publish => written,
+                () = blocked_change(&mut state.status, &self.conn) => {
+                    warn!("the broker blocked the publishing connection while a publish was queued; it is in doubt");
+                    return Err(TransportError::ConfirmTimeout {
+                        millis: started.elapsed().as_millis().try_into().unwrap_or(u64::MAX),
+                    });
+                }
+            }
+        };
+        let confirm = written.map_err(from_lapin)?;
+        let (reply, answer) = oneshot::channel();
+        let pending = Pending {
+            message_id,
+            exchange: exchange_hash,
+            deadline: Instant::now() + self.confirm_timeout,
+            confirm,
+            reply: Some(reply),
+        };
+        if live.collector.send(pending).is_err() {
+            return Err(TransportError::Closed {
+                detail: "the publisher's confirm collector stopped".into(),
+            });
+        }
+        drop(guard);
+        Ok(Box::pin(async move {
+            answer.await.unwrap_or_else(|_| {
+                Err(TransportError::Closed {
+                    detail: "the publisher's confirm collector stopped before answering".into(),
+                })
+            })
+        }))
+    }
+
+    /// The live publisher channel, opening a new one (with its collector) when there is none
+    /// or the last one was closed.
+    async fn live<'a>(&self, live: &'a mut Option<Live>) -> Result<&'a Live, TransportError> {
+        let healthy = live
+            .as_ref()
+            .is_some_and(|l| l.channel.status().connected());
+        if !healthy {
+            if live.take().is_some() {
+                debug!("the publisher channel was closed; opening a new one");
+            }
+            let channel = self.conn.create_channel().await.map_err(from_lapin)?;
+            channel
+                .confirm_select(ConfirmSelectOptions::default())
+                .await
+                .map_err(from_lapin)?;
+            let (collector, incoming) = mpsc::unbounded_channel();
+            tokio::spawn(collect(channel.clone(), incoming, self.confirm_timeout));
+            *live = Some(Live { channel, collector });
+        }
+        live.as_ref().ok_or_else(|| TransportError::Closed {
+            detail: "no publisher channel".into(),
+        })
+    }
+
+    /// Refuses further publishes and lets the collector finish (the connection is closed by
+    /// the caller, which rejects whatever is still unconfirmed).
+    pub(crate) async fn shutdown(&self) {
+        let mut state = self.state.lock().await;
+        state.closed = true;
+        state.live = None;
+    }
+}
+
+/// Resolves once lapin reports the connection blocked (or the status sender is gone).
+async fn blocked_change(status: &mut watch::Receiver<TransportStatus>, conn: &Connection) {
+    loop {
+        if conn.status().blocked() {
+            return;
+        }
+        if status.changed().await.is_err() {
+            return futures::future::pending().await;
+        }
+    }
+}
+
+/// The returns collected so far whose publish has not been answered yet.
+#[derive(Default)]
+struct Returns {
+    by_id: HashMap<String, VecDeque<(u16, String)>>,
+    /// Returns without a message id carried by a publish that has one.
+    anonymous: VecDeque<(u16, String)>,
+}
+
+impl Returns {
+    fn add(&mut self, ret: lapin::message::BasicReturnMessage) -> Option<(u16, String)> {
+        let what = (ret.reply_code, ret.reply_text.as_str().to_owned());
+        match ret.delivery.properties.message_id() {
+            Some(id) => {
+                self.by_id
+                    .entry(id.as_str().to_owned())
+                    .or_default()
+                    .push_back(what);
+                None
+            }
+            None => Some(what),
+        }
+    }
+
+    fn take(&mut self, id: &str) -> Option<(u16, String)> {
+        let queue = self.by_id.get_mut(id)?;
+        let found = queue.pop_front();
+        if queue.is_empty() {
+            self.by_id.remove(id);
+        }
+        found
+    }
+
+    fn clear(&mut self) {
+        if !self.by_id.is_empty() || !self.anonymous.is_empty() {
+            warn!(
+                by_id = self.by_id.len(),
+                anonymous = self.anonymous.len(),
+                "basic.return for messages no longer awaiting a confirm; dropped"
+            );
+            self.by_id.clear();
+            self.anonymous.clear();
+        }
+    }
+}
+
+/// A publish whose confirm has resolved, waiting to be answered with its batch.
+struct Done {
+    pending: Pending,
+    result: lapin::Result<LapinConfirmation>,
+    /// A return without message id that lapin attached to this publish's confirm.
+    own_return: Option<(u16, String)>,
+}
+
+enum Event {
+    Front(lapin::Result<LapinConfirmation>),
+    Incoming(Option<Pending>),
+    Deadline,
+}
+
+/// The confirm collector of one publisher channel. Ends when the publisher dropped its
+/// sender and every confirm has resolved.
+async fn collect(
+    channel: Channel,
+    mut incoming: mpsc::UnboundedReceiver<Pending>,
+    confirm_timeout: Duration,
+) {
+    let mut queue: VecDeque<Pending> = VecDeque::new();
+    let mut returns = Returns::default();
+    let mut batch: Vec<Done> = Vec::new();
+    let mut open = true;
+    let sleep = tokio::time::sleep(confirm_timeout);
+    tokio::pin!(sleep);
+    let mut armed: Option<Instant> = None;
+    loop {
+        if queue.is_empty() {
+            returns.clear();
+            if !open {
+                break;
+            }
+            match incoming.recv().await {
+                Some(p) => queue.push_back(p),
+                None => break,
+            }
+        }
+        while let Ok(p) = incoming.try_recv() {
+            queue.push_back(p);
+        }
+        let deadline = queue.iter().find(|p| p.reply.is_some()).map(|p| p.deadline);
+        if let Some(d) = deadline
+            && armed != Some(d)
+        {
+            sleep.as_mut().reset(d);
+            armed = Some(d);
+        }
+        let event = {
+            let Some(front) = queue.front_mut() else {
+                continue;
+            };
+            tokio::select! {
+                biased;
+                r = &mut front.confirm => Event::Front(r),
+                p = incoming.recv(), if open => Event::Incoming(p),
+                () = &mut sleep, if deadline.is_some() => Event::Deadline,
+            }
+        };
+        match event {
+            Event::Incoming(Some(p)) => queue.push_back(p),
+            Event::Incoming(None) => open = false,
+            Event::Deadline => {
+                armed = None;
+                let now = Instant::now();
+                for p in queue.iter_mut().filter(|p| p.deadline <= now) {
+                    if let Some(reply) = p.reply.take() {
+                        let _ = reply.send(Err(TransportError::ConfirmTimeout {
+                            millis: confirm_timeout.as_millis().try_into().unwrap_or(u64::MAX),
+                        }));
+                    }
+                }
+            }
+            Event::Front(result) => {
+                if let Some(pending) = queue.pop_front() {
+                    batch.push(Done {
+                        pending,
+                        result,
+                        own_return: None,
+                    });
+                }
+                gather(&channel, &mut queue, &mut batch, &mut returns);
+                answer(&mut batch, &mut returns);
+            }
+        }
+    }
+    debug!("publisher confirm collector finished");
+}
+
+/// Moves every already-resolved confirm at the front of `queue` into `batch`, behind a
+/// barrier on lapin's acknowledgement lock, until a pass finds nothing new.
+fn gather(
+    channel: &Channel,
+    queue: &mut VecDeque<Pending>,
+    batch: &mut Vec<Done>,
+    returns: &mut Returns,
+) {
+    loop {
+        barrier(channel, returns);
+        let before = batch.len();
+        while let Some(front) = queue.front_mut() {
+            let Some(result) = (&mut front.confirm).now_or_never() else {
+                break;
+            };
+            if let Some(pending) = queue.pop_front() {
+                batch.push(Done {
+                    pending,
+                    result,
+                    own_return: None,
+                });
+            }
+        }
+        if batch.len() == before {
+            return;
+        }
+    }
+}
+
+/// Waits until lapin has finished applying the ack frame it may be applying right now: the
+/// first poll of `wait_for_confirms` takes the acknowledgement lock. The future is never
+/// awaited; when it is ready at once it hands over returns carried by dropped confirms.
+fn barrier(channel: &Channel, returns: &mut Returns) {
+    if let Some(Ok(orphans)) = channel.wait_for_confirms().now_or_never() {
+        for ret in orphans {
+            if let Some(anonymous) = returns.add(ret) {
+                returns.anonymous.push_back(anonymous);
+            }
+        }
+    }
+}
+
+/// Answers every publish in `batch`, in publish order.
+fn answer(batch: &mut Vec<Done>, returns: &mut Returns) {
+    for done in batch.iter_mut() {
+        if let Ok(LapinConfirmation::Ack(ret) | LapinConfirmation::Nack(ret)) = &mut done.result
+            && let Some(ret) = ret.take()
+            && let Some(anonymous) = returns.add(ret)
+        {
+            if done.pending.message_id.is_none() {
+                done.own_return = Some(anonymous);
+            } else {
+                returns.anonymous.push_back(anonymous);
+            }
+        }
+    }
+    for done in batch.drain(..) {
+        let Done {
+            pending,
+            result,
+            own_return,
+        } = done;
+        let outcome = match result {
+            Ok(LapinConfirmation::Nack(_)) => Ok(Confirmation::Nacked),
+            Ok(_) => {
+                let returned = match &pending.message_id {
+                    Some(id) => returns.take(id),
+                    None => own_return.or_else(|| returns.anonymous.pop_front()),
+                };
+                Ok(match returned {
+                    Some((reply_code, reply_text)) => Confirmation::Unroutable {
+                        reply_code,
+                        reply_text,
+                    },
+                    None => Confirmation::Routed,
+                })
+            }
+            Err(e) => Err(rejected(e, pending.exchange)),
+        };
+        if let Some(reply) = pending.reply {
+            let _ = reply.send(outcome);
+        }
+    }
+}
+
+/// The error for a publish whose confirm was rejected. A channel close caused by another
+/// publish (its text names a different exchange) is reported as [`TransportError::Closed`]:
+/// this message was discarded with the channel, not refused.
+fn rejected(error: lapin::Error, exchange: u64) -> TransportError {
+    let mapped = from_lapin(error);
+    let detail = match &mapped {
+        TransportError::NotFound { detail }
+        | TransportError::PreconditionFailed { detail }
+        | TransportError::AccessRefused { detail } => detail,
+        _ => return mapped,
+    };
+    match named_exchange(detail) {
+        Some(named) if exchange_tag(named) != exchange => TransportError::Closed {
+            detail: format!(
+                "the publisher channel was closed by the broker because of another publish \
+                 ({detail}); this message was not confirmed and may be published again"
+            ),
+        },
+        _ => mapped,
+    }
+}
