@@ -161,8 +161,9 @@ pub fn fixture(file: &str) -> Option<serde_json::Value> {
     Some(serde_json::from_str(&text).unwrap_or_else(|e| panic!("fixture {file}: {e}")))
 }
 
-/// Asserts, through `rabbitmqctl`, that a RabbitMQ queue has exactly these arguments.
-pub fn assert_rabbit_queue_arguments(queue: &str, expected: &[(&str, &str)]) {
+/// Asserts, through `rabbitmqctl`, that a RabbitMQ queue has exactly these arguments:
+/// `(name, AMQP type as rabbitmqctl names it, value)`.
+pub fn assert_rabbit_queue_arguments(queue: &str, expected: &[(&str, &str, &str)]) {
     let out = std::process::Command::new("rabbitmqctl")
         .args([
             "-q",
@@ -184,12 +185,15 @@ pub fn assert_rabbit_queue_arguments(queue: &str, expected: &[(&str, &str)]) {
         .as_array()
         .and_then(|a| a.iter().find(|q| q["name"] == queue))
         .unwrap_or_else(|| panic!("queue {queue} not on the broker"));
-    let args = q["arguments"].as_object().expect("arguments object");
-    let mut got: Vec<(String, String)> = args
+    let mut got: Vec<(String, String, String)> = q["arguments"]
+        .as_array()
+        .expect("arguments as [name, type, value] triples")
         .iter()
-        .map(|(k, v)| {
+        .map(|t| {
+            let v = &t[2];
             (
-                k.clone(),
+                t[0].as_str().unwrap_or_default().to_owned(),
+                t[1].as_str().unwrap_or_default().to_owned(),
                 v.as_str()
                     .map(str::to_owned)
                     .unwrap_or_else(|| v.to_string()),
@@ -197,9 +201,9 @@ pub fn assert_rabbit_queue_arguments(queue: &str, expected: &[(&str, &str)]) {
         })
         .collect();
     got.sort();
-    let mut want: Vec<(String, String)> = expected
+    let mut want: Vec<(String, String, String)> = expected
         .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .map(|(k, t, v)| ((*k).to_owned(), (*t).to_owned(), (*v).to_owned()))
         .collect();
     want.sort();
     assert_eq!(got, want, "arguments of {queue}");
