@@ -11,6 +11,7 @@ use tokio::sync::Semaphore;
 
 use crate::envelope::{DEFAULT_CLIENT_NAME, origin_for};
 use crate::error::Error;
+use crate::lifecycle::Lifecycle;
 use crate::topology::Topology;
 use crate::transport::amqp::AmqpTransport;
 use crate::transport::memory::MemoryTransport;
@@ -80,6 +81,7 @@ pub(crate) struct Shared {
     pub(crate) origin: String,
     pub(crate) window: Arc<Semaphore>,
     pub(crate) publishing_paused: AtomicBool,
+    pub(crate) lifecycle: Lifecycle,
 }
 
 impl std::fmt::Debug for Shared {
@@ -125,6 +127,7 @@ impl Connection {
                 origin: origin_for(&options.client_name),
                 window: Arc::new(Semaphore::new(options.max_outstanding_confirms)),
                 publishing_paused: AtomicBool::new(false),
+                lifecycle: Lifecycle::default(),
             }),
         }
     }
@@ -172,12 +175,6 @@ impl Connection {
     /// Publishing works again.
     pub fn resume_publishing(&self) {
         self.shared.publishing_paused.store(false, Ordering::SeqCst);
-    }
-
-    /// Closes the transport; unsettled deliveries go back to their queues.
-    pub async fn close(&self) -> Result<(), Error> {
-        self.shared.transport.close().await?;
-        Ok(())
     }
 }
 

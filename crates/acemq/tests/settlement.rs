@@ -18,7 +18,7 @@ use acemq::retry::RetryPolicy;
 use acemq::topology::{QueueDecl, rung_decl};
 use acemq::transport::{Delivery, Outbound, Properties, Transport};
 use acemq::{Connection, Error};
-use support::{Target, eventually, on_each_target, unique, wait_for_count};
+use support::{Target, eventually, on_each_target, unique};
 
 const WAIT: Duration = Duration::from_secs(15);
 

@@ -20,8 +20,7 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use serde::de::DeserializeOwned;
-use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore};
-use tokio::task::JoinHandle;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -33,6 +32,7 @@ use crate::codec::{Decoder, Json};
 use crate::connection::Connection;
 use crate::envelope::{Envelope, application_headers};
 use crate::error::Error;
+use crate::lifecycle::{ConsumerControl, Gate, Lifecycle};
 use crate::retry::RetryPolicy;
 use crate::topology::Topology;
 use crate::transport::{ConsumeSpec, Delivery, Subscription};
@@ -111,9 +111,7 @@ pub struct Consumer {
     queue: Arc<str>,
     stats: Arc<Stats>,
     in_flight: Arc<AtomicUsize>,
-    stop: CancellationToken,
-    closing: CancellationToken,
-    task: Mutex<Option<JoinHandle<()>>>,
+    control: Arc<ConsumerControl>,
 }
 
 impl Consumer {
@@ -134,11 +132,10 @@ impl Consumer {
     /// then closes the consumer's channel: anything delivered but not handled goes back to
     /// the queue.
     pub async fn close(&self) {
-        self.stop.cancel();
-        self.closing.cancel();
-        if let Some(task) = self.task.lock().await.take() {
-            let _ = task.await;
-        }
+        self.control.stop.cancel();
+        self.control.closing.cancel();
+        let mut done = self.control.done.clone();
+        let _ = done.wait_for(|d| *d).await;
     }
 }
 
@@ -150,6 +147,12 @@ struct Ctx<T, F> {
     policy: Option<RetryPolicy>,
     no_policy_delay: Duration,
     in_flight: Arc<AtomicUsize>,
+}
+
+impl<T, F> Ctx<T, F> {
+    fn lifecycle(&self) -> &Lifecycle {
+        &self.settler.shared.lifecycle
+    }
 }
 
 impl Connection {
@@ -187,6 +190,9 @@ impl Connection {
         F: Fn(Message<T>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
     {
+        if self.shared.lifecycle.is_closed() {
+            return Err(Error::Closed);
+        }
         if options.prefetch == 0 {
             return Err(Error::InvalidArgument("prefetch must be at least 1".into()));
         }
@@ -225,14 +231,22 @@ impl Connection {
             no_policy_delay: options.retry_delay_without_policy,
             in_flight: in_flight.clone(),
         });
-        let task = tokio::spawn(run(subscription, ctx, options.concurrency, stop.clone()));
+        let (done_tx, done) = watch::channel(false);
+        let control = Arc::new(ConsumerControl {
+            stop: stop.clone(),
+            closing,
+            done,
+        });
+        self.shared.lifecycle.register(control.clone());
+        tokio::spawn(async move {
+            run(subscription, ctx, options.concurrency, stop).await;
+            done_tx.send_replace(true);
+        });
         Ok(Consumer {
             queue,
             stats,
             in_flight,
-            stop,
-            closing,
-            task: Mutex::new(Some(task)),
+            control,
         })
     }
 
@@ -329,7 +343,14 @@ where
 {
     let envelope = Envelope::read(&d.properties, &d.routing_key);
     let content_type = d.properties.content_type.clone();
-    let outcome = match ctx.decoder.decode(content_type.as_deref(), &d.body) {
+    let decoded = ctx.decoder.decode(content_type.as_deref(), &d.body);
+    if ctx.lifecycle().gate(&ctx.settler.closing).await == Gate::Closing {
+        ctx.settler.hand_back(&d).await;
+        ctx.in_flight.fetch_sub(1, Ordering::SeqCst);
+        return;
+    }
+    ctx.lifecycle().handler_started();
+    let outcome = match decoded {
         Err(e) => Outcome::Undecodable(decode_reason(e)),
         Ok(payload) => {
             let message = Message {
@@ -363,6 +384,7 @@ where
         ctx.no_policy_delay,
     );
     ctx.settler.settle(d, &envelope, decision).await;
+    ctx.lifecycle().handler_finished();
     ctx.in_flight.fetch_sub(1, Ordering::SeqCst);
 }
 

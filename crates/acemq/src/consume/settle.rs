@@ -226,6 +226,12 @@ impl Settler {
         }
     }
 
+    /// Hands a delivery back with requeue because the consumer is closing (never acked,
+    /// never dead-lettered).
+    pub(crate) async fn hand_back(&self, d: &Delivery) {
+        self.requeue(d, Counter::RequeuedOnClose).await;
+    }
+
     async fn retry(&self, d: Delivery, envelope: &Envelope, wait: Wait) {
         let next = envelope
             .clone()

@@ -1,0 +1,266 @@
+//! Conformance: pause, drain and close (issue 5, seed 000 "Shutting down") on `memory://`
+//! and RabbitMQ.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use acemq::Connection;
+use acemq::consume::{ConsumerOptions, HandlerError, Message};
+use acemq::envelope;
+use acemq::headers::HeaderValue;
+use acemq::retry::RetryPolicy;
+use acemq::topology::QueueDecl;
+use support::{Target, eventually, on_each_target, unique, wait_for_count};
+use tokio_util::sync::CancellationToken;
+
+const WAIT: Duration = Duration::from_secs(15);
+
+async fn setup(target: &Target, prefix: &str) -> (Connection, String) {
+    let mq = Connection::connect(&target.url()).await.unwrap();
+    let q = unique(prefix);
+    mq.transport()
+        .declare_queue(&QueueDecl::classic(&q))
+        .await
+        .unwrap();
+    (mq, q)
+}
+
+/// Deletes the queues with a fresh connection (the test's own is closed by then).
+async fn teardown(target: &Target, q: &str) {
+    let mq = Connection::connect(&target.url()).await.unwrap();
+    for suffix in ["", ".dlq", ".parked"] {
+        let _ = mq.transport().delete_queue(&format!("{q}{suffix}")).await;
+    }
+    mq.close_now().await.ok();
+}
+
+async fn ready_count(target: &Target, q: &str, at_least: u32) -> u32 {
+    let mq = Connection::connect(&target.url()).await.unwrap();
+    let n = wait_for_count(&**mq.transport(), q, at_least, WAIT).await;
+    mq.close_now().await.ok();
+    n
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_answers_false_on_timeout_and_true_when_given_enough_time() {
+    on_each_target(|target: Target| async move {
+        let (mq, q) = setup(&target, "drain").await;
+        let consumer = mq
+            .consume(
+                &q,
+                ConsumerOptions::default().concurrency(2),
+                |_m: Message<u32>| async {
+                    tokio::time::sleep(Duration::from_secs(3)).await;
+                    Ok(())
+                },
+            )
+            .await
+            .unwrap();
+        mq.publisher::<u32>("", &q).send(&1).await.unwrap();
+        eventually(WAIT, "the handler to start", || async {
+            (mq.in_flight() == 1).then_some(())
+        })
+        .await;
+        let started = Instant::now();
+        assert!(
+            !mq.drain_consumers(Duration::from_secs(1)).await,
+            "a 3 s handler does not finish in 1 s"
+        );
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(950) && took < Duration::from_millis(1800),
+            "{took:?}"
+        );
+        assert!(mq.drain_consumers(Duration::from_secs(5)).await);
+        assert_eq!(mq.in_flight(), 0);
+        assert_eq!(consumer.stats().acked, 1);
+        // Cancellation is an error, distinct from the timeout; consuming stays paused.
+        let cancel = CancellationToken::new();
+        cancel.cancel();
+        let err = mq
+            .drain_consumers_until(Duration::from_secs(5), &cancel)
+            .await;
+        assert!(matches!(err, Err(acemq::Error::Cancelled)));
+        assert!(mq.is_consuming_paused());
+        mq.close().await.unwrap();
+        teardown(&target, &q).await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_deliveries_are_counted_never_acked_and_back_on_the_queue_after_close() {
+    on_each_target(|target: Target| async move {
+        let (mq, q) = setup(&target, "held").await;
+        let handled = Arc::new(AtomicUsize::new(0));
+        let h = handled.clone();
+        mq.pause_consuming();
+        let consumer = mq
+            .consume(
+                &q,
+                ConsumerOptions::default().concurrency(3).prefetch(10),
+                move |_m: Message<u32>| {
+                    let h = h.clone();
+                    async move {
+                        h.fetch_add(1, Ordering::SeqCst);
+                        Ok(())
+                    }
+                },
+            )
+            .await
+            .unwrap();
+        mq.publisher::<u32>("", &q)
+            .send_all(&[1, 2, 3, 4, 5])
+            .await
+            .unwrap();
+        let held = eventually(WAIT, "deliveries held at the gate", || async {
+            (mq.held() == 3).then_some(mq.held())
+        })
+        .await;
+        assert_eq!(held, 3, "bounded by the consumer's concurrency");
+        assert_eq!(mq.in_flight(), 0);
+        let started = Instant::now();
+        mq.close().await.unwrap();
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "held deliveries do not delay the close"
+        );
+        assert_eq!(handled.load(Ordering::SeqCst), 0);
+        assert_eq!(consumer.stats().acked, 0);
+        assert_eq!(
+            ready_count(&target, &q, 5).await,
+            5,
+            "all five back on the queue"
+        );
+        teardown(&target, &q).await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resuming_hands_held_deliveries_over() {
+    on_each_target(|target: Target| async move {
+        let (mq, q) = setup(&target, "resume").await;
+        mq.pause_consuming();
+        let consumer = mq
+            .consume(&q, ConsumerOptions::default(), |_m: Message<u32>| async {
+                Ok(())
+            })
+            .await
+            .unwrap();
+        mq.publisher::<u32>("", &q).send_all(&[1, 2]).await.unwrap();
+        eventually(WAIT, "one held", || async {
+            (mq.held() == 1).then_some(())
+        })
+        .await;
+        mq.resume_consuming();
+        eventually(WAIT, "both acked", || async {
+            (consumer.stats().acked == 2).then_some(())
+        })
+        .await;
+        assert_eq!(mq.held(), 0);
+        mq.close().await.unwrap();
+        teardown(&target, &q).await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_cuts_a_retry_wait_short_and_requeues_with_the_attempt_unchanged() {
+    on_each_target(|target: Target| async move {
+        let (mq, q) = setup(&target, "cut-wait").await;
+        let policy = RetryPolicy::fixed(3, Duration::from_secs(20))
+            .unwrap()
+            .wait_in_broker_from(Duration::ZERO);
+        let consumer = mq
+            .consume(
+                &q,
+                ConsumerOptions::default().with_retry(policy),
+                |_m: Message<u32>| async { Err(HandlerError::retry("down")) },
+            )
+            .await
+            .unwrap();
+        mq.publisher::<u32>("", &q).send(&7).await.unwrap();
+        // The handler has failed and the delivery now waits out 20 s in the consumer.
+        eventually(WAIT, "the failure", || async {
+            (mq.in_flight() == 1).then_some(())
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let started = Instant::now();
+        mq.close_now().await.unwrap();
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "took {:?}",
+            started.elapsed()
+        );
+        assert_eq!(consumer.stats().requeued_on_close, 1);
+        let check = Connection::connect(&target.url()).await.unwrap();
+        let d = eventually(WAIT, "the requeued message", || async {
+            check.transport().get(&q).await.unwrap()
+        })
+        .await;
+        assert_eq!(
+            d.properties.headers[envelope::ATTEMPT],
+            HeaderValue::I32(1),
+            "attempt unchanged"
+        );
+        d.acker.ack().await.unwrap();
+        check.close_now().await.ok();
+        teardown(&target, &q).await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_ignoring_cancellation_is_abandoned_and_its_late_ack_is_dropped() {
+    on_each_target(|target: Target| async move {
+        let (mq, q) = setup(&target, "abandon").await;
+        let finished = Arc::new(tokio::sync::Notify::new());
+        let f = finished.clone();
+        let consumer = mq
+            .consume(&q, ConsumerOptions::default(), move |_m: Message<u32>| {
+                let f = f.clone();
+                async move {
+                    // Ignores its cancellation token.
+                    tokio::time::sleep(Duration::from_secs(7)).await;
+                    f.notify_one();
+                    Ok(())
+                }
+            })
+            .await
+            .unwrap();
+        mq.publisher::<u32>("", &q).send(&1).await.unwrap();
+        eventually(WAIT, "the handler to start", || async {
+            (mq.in_flight() == 1).then_some(())
+        })
+        .await;
+        let started = Instant::now();
+        mq.close_now().await.unwrap();
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(4900) && took < Duration::from_secs(6),
+            "{took:?}"
+        );
+        // The broker has the message back while the abandoned handler is still running.
+        assert_eq!(ready_count(&target, &q, 1).await, 1);
+        tokio::time::timeout(WAIT, finished.notified())
+            .await
+            .unwrap();
+        eventually(WAIT, "the late ack to be dropped", || async {
+            (consumer.stats().settle_failed == 1).then_some(())
+        })
+        .await;
+        assert_eq!(consumer.stats().acked, 0);
+        assert_eq!(
+            ready_count(&target, &q, 1).await,
+            1,
+            "the late ack never reached the broker"
+        );
+        teardown(&target, &q).await;
+    })
+    .await;
+}
