@@ -11,6 +11,7 @@ use tokio::sync::Semaphore;
 
 use crate::envelope::{DEFAULT_CLIENT_NAME, origin_for};
 use crate::error::Error;
+use crate::intercept::Interceptors;
 use crate::lifecycle::Lifecycle;
 use crate::topology::Topology;
 use crate::transport::amqp::AmqpTransport;
@@ -82,6 +83,7 @@ pub(crate) struct Shared {
     pub(crate) window: Arc<Semaphore>,
     pub(crate) publishing_paused: AtomicBool,
     pub(crate) lifecycle: Lifecycle,
+    pub(crate) interceptors: Interceptors,
 }
 
 impl std::fmt::Debug for Shared {
@@ -128,6 +130,7 @@ impl Connection {
                 window: Arc::new(Semaphore::new(options.max_outstanding_confirms)),
                 publishing_paused: AtomicBool::new(false),
                 lifecycle: Lifecycle::default(),
+                interceptors: Interceptors::default(),
             }),
         }
     }

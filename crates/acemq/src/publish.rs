@@ -20,6 +20,7 @@ use crate::connection::{Connection, Shared};
 use crate::envelope::{Envelope, check_application_headers};
 use crate::error::Error;
 use crate::headers::Headers;
+use crate::intercept::PublishContext;
 use crate::transport::{Confirmation, Outbound, PendingConfirm, Properties, TransportError};
 
 /// What a confirmed publish returns.
@@ -248,13 +249,25 @@ impl<T: ?Sized + 'static> Publisher<T> {
 
     fn build(&self, payload: &T, mut o: SendOptions) -> Result<Outbound, Error> {
         o.persistent = o.persistent.or(Some(self.persistent));
-        let mut out = prepare(
+        let chain = self.shared.interceptors.publish_chain();
+        let mut out = prepare_with(
             &*self.encoder,
             &self.exchange,
             &self.routing_key,
             payload,
             o,
             &self.shared.origin,
+            |envelope, headers| {
+                for i in chain.iter() {
+                    i.before_publish(&mut PublishContext {
+                        exchange: &self.exchange,
+                        routing_key: &self.routing_key,
+                        envelope,
+                        headers,
+                    })?;
+                }
+                Ok(())
+            },
         )?;
         out.mandatory = self.mandatory;
         Ok(out)
@@ -366,7 +379,27 @@ pub fn prepare<T: ?Sized, E: Encoder<T> + ?Sized>(
     o: SendOptions,
     origin: &str,
 ) -> Result<Outbound, Error> {
-    check_application_headers(&o.headers)?;
+    prepare_with(
+        encoder,
+        exchange,
+        routing_key,
+        payload,
+        o,
+        origin,
+        |_, _| Ok(()),
+    )
+}
+
+/// [`prepare`] with a hook that sees the envelope and application headers before encoding.
+fn prepare_with<T: ?Sized, E: Encoder<T> + ?Sized>(
+    encoder: &E,
+    exchange: &str,
+    routing_key: &str,
+    payload: &T,
+    mut o: SendOptions,
+    origin: &str,
+    intercept: impl FnOnce(&mut Envelope, &mut Headers) -> Result<(), Error>,
+) -> Result<Outbound, Error> {
     if let Some(v) = o.version.filter(|v| *v < 1) {
         return Err(Error::InvalidArgument(format!(
             "version must be at least 1, got {v}"
@@ -400,6 +433,8 @@ pub fn prepare<T: ?Sized, E: Encoder<T> + ?Sized>(
     if let Some(r) = &o.reply_to {
         envelope = envelope.with_reply_to(r.clone());
     }
+    intercept(&mut envelope, &mut o.headers)?;
+    check_application_headers(&o.headers)?;
     let body = encoder.encode(payload)?;
     let mut headers = o.headers;
     envelope.write(&mut headers, origin);

@@ -32,6 +32,7 @@ use crate::codec::{Decoder, Json};
 use crate::connection::Connection;
 use crate::envelope::{Envelope, application_headers};
 use crate::error::Error;
+use crate::intercept::{ConsumeContext, HandleResult};
 use crate::lifecycle::{ConsumerControl, Gate, Lifecycle};
 use crate::retry::RetryPolicy;
 use crate::topology::Topology;
@@ -353,28 +354,39 @@ where
     let outcome = match decoded {
         Err(e) => Outcome::Undecodable(decode_reason(e)),
         Ok(payload) => {
-            let message = Message {
-                payload,
-                envelope: envelope.clone(),
-                headers: application_headers(&d.properties.headers),
-                queue: ctx.settler.queue.clone(),
-                exchange: d.exchange.clone(),
-                routing_key: d.routing_key.clone(),
-                redelivered: d.redelivered,
-                content_type,
-                cancellation: ctx.settler.closing.child_token(),
+            let headers = application_headers(&d.properties.headers);
+            let chain = ctx.settler.shared.interceptors.consume_chain();
+            let cx = ConsumeContext {
+                queue: &ctx.settler.queue,
+                envelope: &envelope,
+                headers: &headers,
             };
-            match AssertUnwindSafe((ctx.handler)(message))
-                .catch_unwind()
-                .await
-            {
-                Ok(Ok(())) => Outcome::Handled,
-                Ok(Err(e)) => Outcome::Failed(e),
-                Err(panic) => Outcome::Failed(HandlerError::retry(format!(
-                    "the handler panicked: {}",
-                    panic_message(&*panic)
-                ))),
+            let refused = chain.iter().find_map(|i| i.before_handle(&cx).err());
+            let outcome = match refused {
+                Some(e) => Outcome::Failed(e),
+                None => {
+                    let message = Message {
+                        payload,
+                        envelope: envelope.clone(),
+                        headers: headers.clone(),
+                        queue: ctx.settler.queue.clone(),
+                        exchange: d.exchange.clone(),
+                        routing_key: d.routing_key.clone(),
+                        redelivered: d.redelivered,
+                        content_type,
+                        cancellation: ctx.settler.closing.child_token(),
+                    };
+                    run_handler(&ctx.handler, message).await
+                }
+            };
+            let result = match &outcome {
+                Outcome::Failed(e) => HandleResult::Failed(e),
+                _ => HandleResult::Succeeded,
+            };
+            for i in chain.iter().rev() {
+                i.after_handle(&cx, &result);
             }
+            outcome
         }
     };
     let decision = decide(
@@ -386,6 +398,22 @@ where
     ctx.settler.settle(d, &envelope, decision).await;
     ctx.lifecycle().handler_finished();
     ctx.in_flight.fetch_sub(1, Ordering::SeqCst);
+}
+
+/// Runs the handler; a panic is a failure like any error, with the panic message as reason.
+async fn run_handler<T, F, Fut>(handler: &F, message: Message<T>) -> Outcome
+where
+    F: Fn(Message<T>) -> Fut,
+    Fut: Future<Output = Result<(), HandlerError>>,
+{
+    match AssertUnwindSafe(handler(message)).catch_unwind().await {
+        Ok(Ok(())) => Outcome::Handled,
+        Ok(Err(e)) => Outcome::Failed(e),
+        Err(panic) => Outcome::Failed(HandlerError::retry(format!(
+            "the handler panicked: {}",
+            panic_message(&*panic)
+        ))),
+    }
 }
 
 fn decode_reason(e: Error) -> String {

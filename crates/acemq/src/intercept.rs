@@ -1,0 +1,144 @@
+//! Interceptors: what belongs on every message rather than at every call site.
+//!
+//! A [`PublishInterceptor`] sees (and may change) the envelope and application headers of
+//! every publish before the body is encoded; an error refuses the publish with nothing
+//! sent. A [`ConsumeInterceptor`] runs `before_handle` in registration order before the
+//! handler (an error fails the delivery like a handler error: retried, eventually
+//! dead-lettered) and `after_handle` always, whether the handler succeeded or failed, in
+//! reverse order, so nested scopes close inside out.
+
+use std::sync::{Arc, RwLock};
+
+use crate::consume::HandlerError;
+use crate::envelope::Envelope;
+use crate::error::Error;
+use crate::headers::Headers;
+
+/// What a publish interceptor sees.
+#[derive(Debug)]
+pub struct PublishContext<'a> {
+    /// Destination exchange.
+    pub exchange: &'a str,
+    /// Routing key.
+    pub routing_key: &'a str,
+    /// The envelope, before it is written to the headers.
+    pub envelope: &'a mut Envelope,
+    /// Application headers (the reserved `x-acemq-` prefix is refused after this runs).
+    pub headers: &'a mut Headers,
+}
+
+/// Sees every publish before encoding.
+///
+/// ```
+/// use acemq::intercept::{PublishContext, PublishInterceptor};
+/// struct Tenant;
+/// impl PublishInterceptor for Tenant {
+///     fn before_publish(&self, ctx: &mut PublishContext<'_>) -> Result<(), acemq::Error> {
+///         ctx.headers.insert("x-tenant".into(), "acme".into());
+///         Ok(())
+///     }
+/// }
+/// ```
+pub trait PublishInterceptor: Send + Sync + 'static {
+    /// Runs before encoding; an error refuses the publish.
+    fn before_publish(&self, ctx: &mut PublishContext<'_>) -> Result<(), Error>;
+}
+
+/// What a consume interceptor sees.
+#[derive(Debug)]
+pub struct ConsumeContext<'a> {
+    /// The consumed queue.
+    pub queue: &'a str,
+    /// The delivered envelope.
+    pub envelope: &'a Envelope,
+    /// Application headers.
+    pub headers: &'a Headers,
+}
+
+/// How the handler ended, for `after_handle`.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum HandleResult<'a> {
+    /// The handler returned Ok.
+    Succeeded,
+    /// The handler (or a `before_handle`) failed.
+    Failed(&'a HandlerError),
+}
+
+/// Runs around every handler.
+///
+/// ```
+/// use acemq::intercept::{ConsumeContext, ConsumeInterceptor, HandleResult};
+/// struct Log;
+/// impl ConsumeInterceptor for Log {
+///     fn after_handle(&self, ctx: &ConsumeContext<'_>, r: &HandleResult<'_>) {
+///         println!("{} {}: {r:?}", ctx.queue, ctx.envelope.id());
+///     }
+/// }
+/// ```
+pub trait ConsumeInterceptor: Send + Sync + 'static {
+    /// Before the handler; an error fails the delivery like a handler error.
+    fn before_handle(&self, _ctx: &ConsumeContext<'_>) -> Result<(), HandlerError> {
+        Ok(())
+    }
+    /// After the handler, always, in reverse registration order.
+    fn after_handle(&self, _ctx: &ConsumeContext<'_>, _result: &HandleResult<'_>) {}
+}
+
+/// The registered interceptors of a connection. Reading is a cheap `Arc` clone.
+#[derive(Default)]
+pub(crate) struct Interceptors {
+    publish: RwLock<Arc<[Arc<dyn PublishInterceptor>]>>,
+    consume: RwLock<Arc<[Arc<dyn ConsumeInterceptor>]>>,
+}
+
+impl std::fmt::Debug for Interceptors {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Interceptors")
+            .field("publish", &self.publish_chain().len())
+            .field("consume", &self.consume_chain().len())
+            .finish()
+    }
+}
+
+impl Interceptors {
+    pub(crate) fn add_publish(&self, i: Arc<dyn PublishInterceptor>) {
+        let mut slot = self.publish.write().unwrap_or_else(|e| e.into_inner());
+        let mut v: Vec<_> = slot.iter().cloned().collect();
+        v.push(i);
+        *slot = v.into();
+    }
+
+    pub(crate) fn add_consume(&self, i: Arc<dyn ConsumeInterceptor>) {
+        let mut slot = self.consume.write().unwrap_or_else(|e| e.into_inner());
+        let mut v: Vec<_> = slot.iter().cloned().collect();
+        v.push(i);
+        *slot = v.into();
+    }
+
+    pub(crate) fn publish_chain(&self) -> Arc<[Arc<dyn PublishInterceptor>]> {
+        self.publish
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    pub(crate) fn consume_chain(&self) -> Arc<[Arc<dyn ConsumeInterceptor>]> {
+        self.consume
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+}
+
+impl crate::Connection {
+    /// Registers a publish interceptor for every publisher of this connection.
+    pub fn intercept_publish(&self, interceptor: impl PublishInterceptor) {
+        self.shared.interceptors.add_publish(Arc::new(interceptor));
+    }
+
+    /// Registers a consume interceptor for every consumer of this connection.
+    pub fn intercept_consume(&self, interceptor: impl ConsumeInterceptor) {
+        self.shared.interceptors.add_consume(Arc::new(interceptor));
+    }
+}
