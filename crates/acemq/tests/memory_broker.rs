@@ -473,3 +473,92 @@ fn expiry_survives_the_runtime_that_started_it() {
         .await;
     });
 }
+
+/// Process CPU time (user + system) from /proc, in seconds (0 where unavailable).
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit(')').next().unwrap_or("");
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // Fields 14 and 15 (utime, stime) are at 11 and 12 after the command name.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// Throughput of the raw transport (publish, confirm, deliver, ack), reported as wall
+/// and CPU time per message, since shared machines make wall time noisy:
+/// `cargo test --release -p acemq --test memory_broker -- --ignored --nocapture throughput`
+#[test]
+#[ignore = "a measurement, not a check"]
+fn throughput() {
+    const N: usize = 1_000_000;
+    let report = |what: &str, wall: std::time::Instant, cpu: f64| {
+        let (w, c) = (wall.elapsed().as_secs_f64(), cpu_seconds() - cpu);
+        eprintln!(
+            "{what}: {:.0} msg/s wall, {:.0} ns CPU per message",
+            N as f64 / w,
+            c * 1e9 / N as f64
+        );
+    };
+    let props = Properties {
+        message_id: Some("id".into()),
+        headers: [("x-acemq-attempt".to_owned(), HeaderValue::I32(1))]
+            .into_iter()
+            .collect(),
+        ..Default::default()
+    };
+    let body = bytes::Bytes::from_static(&[0u8; 256]);
+
+    // One thread, publishing and consuming in batches of 100.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let t = MemoryTransport::connect(&unique("throughput-1"));
+        t.declare_queue(&QueueDecl::classic("q")).await.unwrap();
+        let mut sub = t.consume(spec("q", 1000)).await.unwrap();
+        let (wall, cpu) = (std::time::Instant::now(), cpu_seconds());
+        for _ in 0..N / 100 {
+            for _ in 0..100 {
+                let m = Outbound::new("", "q", props.clone(), body.clone());
+                t.publish(m).await.unwrap().await.unwrap();
+            }
+            for _ in 0..100 {
+                let d = sub.next().await.unwrap().unwrap();
+                d.acker.ack().await.unwrap();
+            }
+        }
+        report("one thread", wall, cpu);
+    });
+
+    // A publisher task and a consumer task on two workers.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let t = std::sync::Arc::new(MemoryTransport::connect(&unique("throughput-2")));
+        t.declare_queue(&QueueDecl::classic("q")).await.unwrap();
+        let mut sub = t.consume(spec("q", 1000)).await.unwrap();
+        let (wall, cpu) = (std::time::Instant::now(), cpu_seconds());
+        let publisher = {
+            let (t, props, body) = (t.clone(), props.clone(), body.clone());
+            tokio::spawn(async move {
+                for _ in 0..N {
+                    let m = Outbound::new("", "q", props.clone(), body.clone());
+                    t.publish(m).await.unwrap().await.unwrap();
+                }
+            })
+        };
+        let consumer = tokio::spawn(async move {
+            for _ in 0..N {
+                let d = sub.next().await.unwrap().unwrap();
+                d.acker.ack().await.unwrap();
+            }
+        });
+        publisher.await.unwrap();
+        consumer.await.unwrap();
+        report("two workers", wall, cpu);
+    });
+}

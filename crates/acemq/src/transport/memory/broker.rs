@@ -11,6 +11,7 @@
 //! microseconds and never across an `.await`.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
 use bytes::Bytes;
@@ -92,17 +93,67 @@ pub(crate) struct Exchange {
     pub bindings: Vec<Binding>,
 }
 
+/// A fast, non-cryptographic hasher (the Fx scheme) for the broker's own maps: names and
+/// ids come from the process itself, so hash flooding is not a concern, and SipHash
+/// showed up in the hot path.
+#[derive(Default, Clone, Copy, Debug)]
+pub(crate) struct FastHasher(u64);
+
+impl FastHasher {
+    const K: u64 = 0x517c_c1b7_2722_0a95;
+
+    fn add(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(Self::K);
+    }
+}
+
+impl Hasher for FastHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(c);
+            self.add(u64::from_le_bytes(w));
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut w = [0u8; 8];
+            w[..rest.len()].copy_from_slice(rest);
+            self.add(u64::from_le_bytes(w));
+        }
+    }
+
+    fn write_u8(&mut self, n: u8) {
+        self.add(u64::from(n));
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.add(n);
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.add(n as u64);
+    }
+}
+
+/// A map with the [`FastHasher`].
+pub(crate) type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FastHasher>>;
+
 /// Everything a broker holds, behind its one mutex.
 #[derive(Debug)]
 pub(crate) struct State {
     /// The broker itself, for the expiry tasks.
     pub me: Weak<MemoryBroker>,
-    pub exchanges: HashMap<String, Exchange>,
-    pub queues: HashMap<String, Queue>,
+    pub exchanges: FastMap<String, Exchange>,
+    pub queues: FastMap<String, Queue>,
     /// Channels: one per subscription, one per connection for basic.get.
-    pub channels: HashMap<u64, Channel>,
+    pub channels: FastMap<u64, Channel>,
     /// Status senders of the open connections.
-    pub connections: HashMap<u64, Arc<watch::Sender<TransportStatus>>>,
+    pub connections: FastMap<u64, Arc<watch::Sender<TransportStatus>>>,
     pub blocked: Option<String>,
     next_id: u64,
 }
@@ -332,7 +383,7 @@ pub(crate) fn count(n: usize) -> u32 {
 
 impl State {
     fn new(me: Weak<MemoryBroker>) -> State {
-        let mut exchanges = HashMap::new();
+        let mut exchanges = FastMap::default();
         for (name, kind) in [
             ("amq.direct", ExchangeKind::Direct),
             ("amq.fanout", ExchangeKind::Fanout),
@@ -354,9 +405,9 @@ impl State {
         State {
             me,
             exchanges,
-            queues: HashMap::new(),
-            channels: HashMap::new(),
-            connections: HashMap::new(),
+            queues: FastMap::default(),
+            channels: FastMap::default(),
+            connections: FastMap::default(),
             blocked: None,
             next_id: 1,
         }

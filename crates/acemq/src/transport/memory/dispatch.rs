@@ -87,6 +87,17 @@ impl Channel {
     }
 }
 
+/// What [`State::enqueue`] did with a message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Enqueued {
+    /// There is no such queue.
+    NoQueue,
+    /// Appended at the tail.
+    Appended,
+    /// A TTL of 0 and nobody to take it: expired on arrival (routed all the same).
+    Expired,
+}
+
 /// Queues whose heads changed and need a dispatch pass.
 pub(crate) type Work = Vec<Arc<str>>;
 
@@ -126,18 +137,21 @@ impl State {
         let routed = if msg.exchange.is_empty() {
             // The default exchange: straight to the queue named by the key.
             let key = msg.clone();
-            let hit = self.queues.contains_key(key.routing_key.as_str());
-            if hit {
-                self.enqueue(&key.routing_key, msg, now, &mut work);
+            let outcome = self.enqueue(&key.routing_key, msg, now, &mut work);
+            if outcome == Enqueued::Appended {
+                self.dispatch(&key.routing_key, now, &mut work);
             }
-            hit
+            outcome != Enqueued::NoQueue
         } else {
             let targets = self.route(&msg.exchange, &msg.routing_key, &msg.properties.headers)?;
             for t in &targets {
-                self.enqueue(t, msg.clone(), now, &mut work);
+                if self.enqueue(t, msg.clone(), now, &mut work) == Enqueued::Appended {
+                    self.dispatch(t, now, &mut work);
+                }
             }
             !targets.is_empty()
         };
+        // Whatever dead letters the publish caused (an immediate expiry).
         self.run(work, now);
         if routed || !m.mandatory {
             Ok(Confirmation::Routed)
@@ -150,35 +164,45 @@ impl State {
     }
 
     /// Appends a message to a queue (or, with a TTL of 0 and nobody to take it at once,
-    /// expires it on arrival as RabbitMQ does).
-    fn enqueue(&mut self, name: &str, msg: Arc<Message>, now: Instant, work: &mut Work) {
-        let Some(q) = self.queues.get(name) else {
-            return;
+    /// expires it on arrival as RabbitMQ does). When it was appended, the caller owes
+    /// the queue a dispatch pass.
+    fn enqueue(
+        &mut self,
+        name: &str,
+        msg: Arc<Message>,
+        now: Instant,
+        work: &mut Work,
+    ) -> Enqueued {
+        let State {
+            queues, channels, ..
+        } = self;
+        let Some(q) = queues.get_mut(name) else {
+            return Enqueued::NoQueue;
         };
-        let ttl = queue::effective_ttl(q.ttl, queue::message_ttl(&msg.properties));
-        let mut expires_at = q.expiry_for(&msg, now);
-        if ttl == Some(0) {
-            let can_take = q.ready.is_empty()
-                && q.consumers
-                    .iter()
-                    .any(|c| self.channels.get(c).is_some_and(Channel::has_credit));
-            if !can_take {
-                let (qname, dlx, dlrk) = (q.name.clone(), q.dlx.clone(), q.dlrk.clone());
-                self.dead_letter(&msg, &qname, Reason::Expired, dlx, dlrk, now, work);
-                return;
+        let mut expires_at = None;
+        if q.ttl.is_some() || msg.properties.expiration.is_some() {
+            let ttl = queue::effective_ttl(q.ttl, queue::message_ttl(&msg.properties));
+            if ttl == Some(0) {
+                let can_take = q.ready.is_empty()
+                    && q.consumers
+                        .iter()
+                        .any(|c| channels.get(c).is_some_and(Channel::has_credit));
+                if !can_take {
+                    let (qname, dlx, dlrk) = (q.name.clone(), q.dlx.clone(), q.dlrk.clone());
+                    self.dead_letter(&msg, &qname, Reason::Expired, dlx, dlrk, now, work);
+                    return Enqueued::Expired;
+                }
+            } else {
+                expires_at = q.expiry_for(&msg, now);
             }
-            expires_at = None;
         }
-        let Some(q) = self.queues.get_mut(name) else {
-            return;
-        };
         q.ready.push_back(Ready {
             msg,
             redelivered: false,
             returns: 0,
             expires_at,
         });
-        push_work(work, &q.name);
+        Enqueued::Appended
     }
 
     /// Dispatches every queue in `work` (and whatever their dead letters reach).
@@ -207,44 +231,49 @@ impl State {
                 break;
             }
             let n = q.consumers.len();
-            let chosen = (0..n).map(|i| (q.rr + i) % n).find(|&idx| {
-                channels
-                    .get(&q.consumers[idx])
-                    .is_some_and(Channel::has_credit)
-            });
-            let Some(idx) = chosen else { break };
-            let cid = q.consumers[idx];
-            q.rr = (idx + 1) % n;
-            let (Some(ch), Some(r)) = (channels.get_mut(&cid), q.ready.pop_front()) else {
-                break;
-            };
-            let tag = ch.next_tag;
-            let sent = ch.consumer.as_ref().is_some_and(|c| {
-                c.tx.send(Pending {
-                    msg: r.msg.clone(),
+            let mut delivered = false;
+            for i in 0..n {
+                let idx = (q.rr + i) % n;
+                let cid = q.consumers[idx];
+                let Some(ch) = channels.get_mut(&cid).filter(|c| c.has_credit()) else {
+                    continue;
+                };
+                let Some(r) = q.ready.pop_front() else { break };
+                let tag = ch.next_tag;
+                let sent = ch.consumer.as_ref().is_some_and(|c| {
+                    c.tx.send(Pending {
+                        msg: r.msg.clone(),
+                        tag,
+                        redelivered: r.redelivered,
+                        returns: r.returns,
+                        quorum,
+                    })
+                    .is_ok()
+                });
+                if !sent {
+                    // The subscription is gone without closing: detach it, keep the message.
+                    q.ready.push_front(r);
+                    ch.consumer = None;
+                    q.remove_consumer(cid);
+                    delivered = true; // try again with the remaining consumers
+                    break;
+                }
+                q.rr = (idx + 1) % n;
+                ch.next_tag += 1;
+                ch.unacked.push_back(Unacked {
                     tag,
-                    redelivered: r.redelivered,
+                    queue: q.name.clone(),
+                    queue_id: q.id,
+                    msg: r.msg,
                     returns: r.returns,
-                    quorum,
-                })
-                .is_ok()
-            });
-            if !sent {
-                // The subscription is gone without closing: detach it, keep the message.
-                q.ready.push_front(r);
-                ch.consumer = None;
-                q.remove_consumer(cid);
-                continue;
+                    expires_at: r.expires_at,
+                });
+                delivered = true;
+                break;
             }
-            ch.next_tag += 1;
-            ch.unacked.push_back(Unacked {
-                tag,
-                queue: q.name.clone(),
-                queue_id: q.id,
-                msg: r.msg,
-                returns: r.returns,
-                expires_at: r.expires_at,
-            });
+            if !delivered {
+                break;
+            }
         }
         let (qname, dlx, dlrk) = (q.name.clone(), q.dlx.clone(), q.dlrk.clone());
         self.poke_timer(name);
@@ -283,8 +312,11 @@ impl State {
         };
         let out = Arc::new(out);
         for t in targets {
-            if !deadletter::is_cycle(&out, &t) {
-                self.enqueue(&t, out.clone(), now, work);
+            if !deadletter::is_cycle(&out, &t)
+                && self.enqueue(&t, out.clone(), now, work) == Enqueued::Appended
+                && let Some(q) = self.queues.get(&t)
+            {
+                push_work(work, &q.name);
             }
         }
     }
@@ -309,25 +341,52 @@ impl State {
             Settlement::Nack { multiple, requeue } => (multiple, requeue, false),
             Settlement::Reject { requeue } => (false, requeue, false),
         };
-        let taken: Vec<Unacked> = if multiple && tag == 0 {
-            ch.unacked.drain(..).collect()
-        } else {
-            let idx = ch
-                .unacked
-                .binary_search_by_key(&tag, |u| u.tag)
-                .map_err(|_| TransportError::AckNotSent)?;
-            if multiple {
-                ch.unacked.drain(..=idx).collect()
-            } else {
-                ch.unacked.remove(idx).into_iter().collect()
-            }
-        };
         let mut work = Work::new();
-        if let Some(c) = &ch.consumer {
-            push_work(&mut work, &c.queue);
+        let credit = ch.consumer.as_ref().map(|c| c.queue.clone());
+        if !multiple {
+            // The common case (one delivery, usually the oldest): no allocation.
+            let idx = if ch.unacked.front().is_some_and(|u| u.tag == tag) {
+                0
+            } else {
+                ch.unacked
+                    .binary_search_by_key(&tag, |u| u.tag)
+                    .map_err(|_| TransportError::AckNotSent)?
+            };
+            let one = ch.unacked.remove(idx);
+            self.finish_settle(one, requeue, ack, now, &mut work);
+        } else {
+            let upto = if tag == 0 {
+                ch.unacked.len()
+            } else {
+                ch.unacked
+                    .binary_search_by_key(&tag, |u| u.tag)
+                    .map_err(|_| TransportError::AckNotSent)?
+                    + 1
+            };
+            let taken: Vec<Unacked> = ch.unacked.drain(..upto).collect();
+            self.finish_settle(taken, requeue, ack, now, &mut work);
         }
+        if let Some(queue) = credit {
+            // The window has room again.
+            self.dispatch(&queue, now, &mut work);
+        }
+        self.run(work, now);
+        Ok(())
+    }
+
+    fn finish_settle<I>(
+        &mut self,
+        taken: I,
+        requeue: bool,
+        ack: bool,
+        now: Instant,
+        work: &mut Work,
+    ) where
+        I: IntoIterator<Item = Unacked>,
+        I::IntoIter: DoubleEndedIterator,
+    {
         if requeue {
-            self.requeue(taken, &mut work);
+            self.requeue(taken, work);
         } else if !ack {
             for u in taken {
                 let cfg = self
@@ -336,25 +395,19 @@ impl State {
                     .filter(|q| q.id == u.queue_id)
                     .map(|q| (q.dlx.clone(), q.dlrk.clone()));
                 if let Some((dlx, dlrk)) = cfg {
-                    self.dead_letter(
-                        &u.msg,
-                        &u.queue,
-                        Reason::Rejected,
-                        dlx,
-                        dlrk,
-                        now,
-                        &mut work,
-                    );
+                    self.dead_letter(&u.msg, &u.queue, Reason::Rejected, dlx, dlrk, now, work);
                 }
             }
         }
-        self.run(work, now);
-        Ok(())
     }
 
     /// Puts deliveries back at the head of their queues, in their original order,
     /// marked redelivered, with their original expiry.
-    fn requeue(&mut self, taken: Vec<Unacked>, work: &mut Work) {
+    fn requeue<I>(&mut self, taken: I, work: &mut Work)
+    where
+        I: IntoIterator<Item = Unacked>,
+        I::IntoIter: DoubleEndedIterator,
+    {
         for u in taken.into_iter().rev() {
             if let Some(q) = self
                 .queues
