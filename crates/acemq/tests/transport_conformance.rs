@@ -14,7 +14,7 @@ use acemq::transport::{
     Confirmation, ConsumeSpec, Delivery, Outbound, Properties, Settlement, Subscription, Transport,
     TransportError,
 };
-use support::{Target, eventually, on_each_target, unique, wait_for_count};
+use support::{eventually, on_each_target, unique, wait_for_count};
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -118,14 +118,9 @@ fn str_of<'a>(t: &'a Headers, k: &str) -> &'a str {
         .unwrap_or_else(|| panic!("{k} is a string: {t:?}"))
 }
 
-fn run_case(target: &Target) {
-    eprintln!("   case on {}", target.kind());
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn default_exchange_routes_by_queue_name() {
     on_each_target(|target| async move {
-        run_case(&target);
         let t = target.transport().await;
         let (a, b) = (unique("default.a"), unique("default.b"));
         queue(&*t, &a).await;
@@ -153,6 +148,14 @@ async fn the_default_exchange_cannot_be_bound_declared_or_deleted() {
         // A fresh connection: RabbitMQ closed the channel.
         let t = target.transport().await;
         let e = t.delete_exchange("").await;
+        assert!(
+            matches!(e, Err(TransportError::AccessRefused { .. })),
+            "{e:?}"
+        );
+        let t = target.transport().await;
+        let e = t
+            .declare_exchange(&ExchangeDecl::durable("", ExchangeKind::Direct))
+            .await;
         assert!(
             matches!(e, Err(TransportError::AccessRefused { .. })),
             "{e:?}"
