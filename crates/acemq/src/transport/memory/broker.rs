@@ -11,17 +11,17 @@
 //! microseconds and never across an `.await`.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
-use bytes::Bytes;
 use tokio::sync::watch;
 
 use super::dispatch::Channel;
-use super::queue::{self, Queue, queue_ref};
+use super::queue::{Queue, queue_ref};
 use super::routing;
 use crate::headers::Headers;
 use crate::topology::{BindingDecl, ExchangeDecl, ExchangeKind, QueueDecl};
-use crate::transport::{Properties, QueueInfo, TransportError, TransportStatus, check_short};
+use crate::transport::{QueueInfo, TransportError, TransportStatus, check_short};
 
 /// One in-process broker, shared by every [`super::MemoryTransport`] connected to its
 /// name.
@@ -46,33 +46,6 @@ impl std::fmt::Debug for MemoryBroker {
     }
 }
 
-/// A ready message as [`MemoryBroker::peek`] shows it.
-///
-/// ```
-/// # async fn demo() -> Result<(), acemq::transport::TransportError> {
-/// use acemq::topology::QueueDecl;
-/// use acemq::transport::{Outbound, Properties, Transport, memory::MemoryTransport};
-/// let t = MemoryTransport::connect("doc-peek");
-/// t.declare_queue(&QueueDecl::classic("q")).await?;
-/// t.publish(Outbound::new("", "q", Properties::default(), "hi")).await?.await?;
-/// let seen = t.broker().peek("q").unwrap_or_default();
-/// assert_eq!(seen[0].body, "hi");
-/// # Ok(()) }
-/// ```
-#[derive(Clone, Debug, PartialEq)]
-pub struct MessageSnapshot {
-    /// The exchange it was published (or dead-lettered) to.
-    pub exchange: String,
-    /// Its routing key.
-    pub routing_key: String,
-    /// Delivered before and returned.
-    pub redelivered: bool,
-    /// Properties and headers.
-    pub properties: Properties,
-    /// Body.
-    pub body: Bytes,
-}
-
 /// A binding of a queue to an exchange.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Binding {
@@ -92,17 +65,67 @@ pub(crate) struct Exchange {
     pub bindings: Vec<Binding>,
 }
 
+/// A fast, non-cryptographic hasher (the Fx scheme) for the broker's own maps: names and
+/// ids come from the process itself, so hash flooding is not a concern, and SipHash
+/// showed up in the hot path.
+#[derive(Default, Clone, Copy, Debug)]
+pub(crate) struct FastHasher(u64);
+
+impl FastHasher {
+    const K: u64 = 0x517c_c1b7_2722_0a95;
+
+    fn add(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(Self::K);
+    }
+}
+
+impl Hasher for FastHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(c);
+            self.add(u64::from_le_bytes(w));
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut w = [0u8; 8];
+            w[..rest.len()].copy_from_slice(rest);
+            self.add(u64::from_le_bytes(w));
+        }
+    }
+
+    fn write_u8(&mut self, n: u8) {
+        self.add(u64::from(n));
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.add(n);
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.add(n as u64);
+    }
+}
+
+/// A map with the [`FastHasher`].
+pub(crate) type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FastHasher>>;
+
 /// Everything a broker holds, behind its one mutex.
 #[derive(Debug)]
 pub(crate) struct State {
     /// The broker itself, for the expiry tasks.
     pub me: Weak<MemoryBroker>,
-    pub exchanges: HashMap<String, Exchange>,
-    pub queues: HashMap<String, Queue>,
+    pub exchanges: FastMap<String, Exchange>,
+    pub queues: FastMap<String, Queue>,
     /// Channels: one per subscription, one per connection for basic.get.
-    pub channels: HashMap<u64, Channel>,
+    pub channels: FastMap<u64, Channel>,
     /// Status senders of the open connections.
-    pub connections: HashMap<u64, Arc<watch::Sender<TransportStatus>>>,
+    pub connections: FastMap<u64, Arc<watch::Sender<TransportStatus>>>,
     pub blocked: Option<String>,
     next_id: u64,
 }
@@ -216,114 +239,6 @@ impl MemoryBroker {
     pub fn blocked(&self) -> Option<String> {
         self.lock().blocked.clone()
     }
-
-    /// The names of every queue, sorted.
-    ///
-    /// ```
-    /// # async fn demo() -> Result<(), acemq::transport::TransportError> {
-    /// use acemq::topology::QueueDecl;
-    /// use acemq::transport::{Transport, memory::MemoryTransport};
-    /// let t = MemoryTransport::connect("doc-queue-names");
-    /// t.declare_queue(&QueueDecl::classic("b")).await?;
-    /// t.declare_queue(&QueueDecl::classic("a")).await?;
-    /// assert_eq!(t.broker().queue_names(), vec!["a", "b"]);
-    /// # Ok(()) }
-    /// ```
-    pub fn queue_names(&self) -> Vec<String> {
-        let mut v: Vec<String> = self.lock().queues.keys().cloned().collect();
-        v.sort();
-        v
-    }
-
-    /// The names of every exchange (the default exchange is `""`), sorted.
-    ///
-    /// ```
-    /// use acemq::transport::memory::MemoryBroker;
-    /// assert!(MemoryBroker::named("doc-x-names").exchange_names().contains(&"amq.topic".to_owned()));
-    /// ```
-    pub fn exchange_names(&self) -> Vec<String> {
-        let mut v: Vec<String> = self.lock().exchanges.keys().cloned().collect();
-        v.push(String::new());
-        v.sort();
-        v
-    }
-
-    /// Ready messages of a queue (`None` if there is no such queue).
-    ///
-    /// ```
-    /// use acemq::transport::memory::MemoryBroker;
-    /// assert_eq!(MemoryBroker::named("doc-count").message_count("nope"), None);
-    /// ```
-    pub fn message_count(&self, queue: &str) -> Option<u32> {
-        self.lock().queues.get(queue).map(|q| count(q.ready.len()))
-    }
-
-    /// Delivered, unsettled messages taken from a queue (`None` if there is no such queue).
-    ///
-    /// ```
-    /// use acemq::transport::memory::MemoryBroker;
-    /// assert_eq!(MemoryBroker::named("doc-unacked").unacked_count("nope"), None);
-    /// ```
-    pub fn unacked_count(&self, queue: &str) -> Option<u32> {
-        let st = self.lock();
-        let q = st.queues.get(queue)?;
-        let n = st
-            .channels
-            .values()
-            .flat_map(|c| c.unacked.iter())
-            .filter(|u| u.queue_id == q.id)
-            .count();
-        Some(count(n))
-    }
-
-    /// Consumers attached to a queue (`None` if there is no such queue).
-    ///
-    /// ```
-    /// use acemq::transport::memory::MemoryBroker;
-    /// assert_eq!(MemoryBroker::named("doc-consumers").consumer_count("nope"), None);
-    /// ```
-    pub fn consumer_count(&self, queue: &str) -> Option<u32> {
-        self.lock()
-            .queues
-            .get(queue)
-            .map(|q| count(q.consumers.len()))
-    }
-
-    /// The ready messages of a queue, head first, without taking them (`None` if there
-    /// is no such queue). See [`MessageSnapshot`].
-    pub fn peek(&self, queue: &str) -> Option<Vec<MessageSnapshot>> {
-        let st = self.lock();
-        let q = st.queues.get(queue)?;
-        Some(
-            q.ready
-                .iter()
-                .map(|r| MessageSnapshot {
-                    exchange: r.msg.exchange.clone(),
-                    routing_key: r.msg.routing_key.clone(),
-                    redelivered: r.redelivered,
-                    properties: r.msg.properties.clone(),
-                    body: r.msg.body.clone(),
-                })
-                .collect(),
-        )
-    }
-
-    /// The bindings of an exchange as `(queue, binding key, arguments)` (`None` if there
-    /// is no such exchange; the default exchange has no explicit bindings).
-    ///
-    /// ```
-    /// use acemq::transport::memory::MemoryBroker;
-    /// assert_eq!(MemoryBroker::named("doc-bindings").bindings("amq.direct"), Some(vec![]));
-    /// ```
-    pub fn bindings(&self, exchange: &str) -> Option<Vec<(String, String, Headers)>> {
-        let st = self.lock();
-        st.exchanges.get(exchange).map(|x| {
-            x.bindings
-                .iter()
-                .map(|b| (b.queue.clone(), b.key.clone(), b.args.clone()))
-                .collect()
-        })
-    }
 }
 
 pub(crate) fn count(n: usize) -> u32 {
@@ -332,7 +247,7 @@ pub(crate) fn count(n: usize) -> u32 {
 
 impl State {
     fn new(me: Weak<MemoryBroker>) -> State {
-        let mut exchanges = HashMap::new();
+        let mut exchanges = FastMap::default();
         for (name, kind) in [
             ("amq.direct", ExchangeKind::Direct),
             ("amq.fanout", ExchangeKind::Fanout),
@@ -354,9 +269,9 @@ impl State {
         State {
             me,
             exchanges,
-            queues: HashMap::new(),
-            channels: HashMap::new(),
-            connections: HashMap::new(),
+            queues: FastMap::default(),
+            channels: FastMap::default(),
+            connections: FastMap::default(),
             blocked: None,
             next_id: 1,
         }
@@ -490,7 +405,7 @@ impl State {
             }
             decl.name.clone()
         };
-        let checked = queue::check_declaration(&name, decl)?;
+        let checked = super::args::check_declaration(&name, decl)?;
         if let Some(q) = self.queues.get(&name) {
             let mine = q.exclusive_owner == Some(conn);
             if q.exclusive_owner.is_some() && !mine || decl.exclusive != q.exclusive_owner.is_some()

@@ -1,10 +1,11 @@
 //! Delivery and settlement: the message half of the broker state.
 //!
-//! This module owns channels (one per subscription, one per connection for basic.get),
-//! their delivery tags and unacked deliveries, publishing into queues, round-robin
-//! dispatch within each consumer's prefetch window, settlement (ack, requeue to the head
-//! marked redelivered, reject into the dead-letter exchange or nowhere), expiry at the
-//! head of a queue, and what happens when a channel or connection closes.
+//! This module owns the channel record (one per subscription, one per connection for
+//! basic.get) with its delivery tags and unacked deliveries, publishing into queues,
+//! round-robin dispatch within each consumer's prefetch window (expiring the head on the
+//! way), settlement (ack, requeue to the head marked redelivered, reject into the
+//! dead-letter exchange or nowhere) and dead-letter routing. Opening and closing
+//! channels lives in `channel`.
 //!
 //! Deliveries leave through an unbounded tokio mpsc per subscription (the prefetch window
 //! bounds it); the `Delivery` value itself is built on the consumer's side, outside the
@@ -12,17 +13,15 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::broker::{State, count, not_found_queue};
+use super::broker::State;
 use super::deadletter::{self, Reason};
 use super::queue::{self, Kind, Message, Ready};
-use crate::transport::{
-    Confirmation, ConsumeSpec, Outbound, Settlement, TransportError, check_short,
-};
+use crate::transport::{Confirmation, Outbound, Settlement, TransportError, check_short};
 
 /// A delivery on its way to a subscription (or out of basic.get).
 #[derive(Debug)]
@@ -87,6 +86,17 @@ impl Channel {
     }
 }
 
+/// What [`State::enqueue`] did with a message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Enqueued {
+    /// There is no such queue.
+    NoQueue,
+    /// Appended at the tail.
+    Appended,
+    /// A TTL of 0 and nobody to take it: expired on arrival (routed all the same).
+    Expired,
+}
+
 /// Queues whose heads changed and need a dispatch pass.
 pub(crate) type Work = Vec<Arc<str>>;
 
@@ -126,18 +136,21 @@ impl State {
         let routed = if msg.exchange.is_empty() {
             // The default exchange: straight to the queue named by the key.
             let key = msg.clone();
-            let hit = self.queues.contains_key(key.routing_key.as_str());
-            if hit {
-                self.enqueue(&key.routing_key, msg, now, &mut work);
+            let outcome = self.enqueue(&key.routing_key, msg, now, &mut work);
+            if outcome == Enqueued::Appended {
+                self.dispatch(&key.routing_key, now, &mut work);
             }
-            hit
+            outcome != Enqueued::NoQueue
         } else {
             let targets = self.route(&msg.exchange, &msg.routing_key, &msg.properties.headers)?;
             for t in &targets {
-                self.enqueue(t, msg.clone(), now, &mut work);
+                if self.enqueue(t, msg.clone(), now, &mut work) == Enqueued::Appended {
+                    self.dispatch(t, now, &mut work);
+                }
             }
             !targets.is_empty()
         };
+        // Whatever dead letters the publish caused (an immediate expiry).
         self.run(work, now);
         if routed || !m.mandatory {
             Ok(Confirmation::Routed)
@@ -150,35 +163,45 @@ impl State {
     }
 
     /// Appends a message to a queue (or, with a TTL of 0 and nobody to take it at once,
-    /// expires it on arrival as RabbitMQ does).
-    fn enqueue(&mut self, name: &str, msg: Arc<Message>, now: Instant, work: &mut Work) {
-        let Some(q) = self.queues.get(name) else {
-            return;
+    /// expires it on arrival as RabbitMQ does). When it was appended, the caller owes
+    /// the queue a dispatch pass.
+    fn enqueue(
+        &mut self,
+        name: &str,
+        msg: Arc<Message>,
+        now: Instant,
+        work: &mut Work,
+    ) -> Enqueued {
+        let State {
+            queues, channels, ..
+        } = self;
+        let Some(q) = queues.get_mut(name) else {
+            return Enqueued::NoQueue;
         };
-        let ttl = queue::effective_ttl(q.ttl, queue::message_ttl(&msg.properties));
-        let mut expires_at = q.expiry_for(&msg, now);
-        if ttl == Some(0) {
-            let can_take = q.ready.is_empty()
-                && q.consumers
-                    .iter()
-                    .any(|c| self.channels.get(c).is_some_and(Channel::has_credit));
-            if !can_take {
-                let (qname, dlx, dlrk) = (q.name.clone(), q.dlx.clone(), q.dlrk.clone());
-                self.dead_letter(&msg, &qname, Reason::Expired, dlx, dlrk, now, work);
-                return;
+        let mut expires_at = None;
+        if q.ttl.is_some() || msg.properties.expiration.is_some() {
+            let ttl = queue::effective_ttl(q.ttl, queue::message_ttl(&msg.properties));
+            if ttl == Some(0) {
+                let can_take = q.ready.is_empty()
+                    && q.consumers
+                        .iter()
+                        .any(|c| channels.get(c).is_some_and(Channel::has_credit));
+                if !can_take {
+                    let (qname, dlx, dlrk) = (q.name.clone(), q.dlx.clone(), q.dlrk.clone());
+                    self.dead_letter(&msg, &qname, Reason::Expired, dlx, dlrk, now, work);
+                    return Enqueued::Expired;
+                }
+            } else {
+                expires_at = q.expiry_for(&msg, now);
             }
-            expires_at = None;
         }
-        let Some(q) = self.queues.get_mut(name) else {
-            return;
-        };
         q.ready.push_back(Ready {
             msg,
             redelivered: false,
             returns: 0,
             expires_at,
         });
-        push_work(work, &q.name);
+        Enqueued::Appended
     }
 
     /// Dispatches every queue in `work` (and whatever their dead letters reach).
@@ -190,7 +213,7 @@ impl State {
 
     /// Expires the head and hands ready messages to consumers with room in their window,
     /// round-robin, until one runs out.
-    fn dispatch(&mut self, name: &str, now: Instant, work: &mut Work) {
+    pub(crate) fn dispatch(&mut self, name: &str, now: Instant, work: &mut Work) {
         let State {
             queues, channels, ..
         } = self;
@@ -207,44 +230,49 @@ impl State {
                 break;
             }
             let n = q.consumers.len();
-            let chosen = (0..n).map(|i| (q.rr + i) % n).find(|&idx| {
-                channels
-                    .get(&q.consumers[idx])
-                    .is_some_and(Channel::has_credit)
-            });
-            let Some(idx) = chosen else { break };
-            let cid = q.consumers[idx];
-            q.rr = (idx + 1) % n;
-            let (Some(ch), Some(r)) = (channels.get_mut(&cid), q.ready.pop_front()) else {
-                break;
-            };
-            let tag = ch.next_tag;
-            let sent = ch.consumer.as_ref().is_some_and(|c| {
-                c.tx.send(Pending {
-                    msg: r.msg.clone(),
+            let mut delivered = false;
+            for i in 0..n {
+                let idx = (q.rr + i) % n;
+                let cid = q.consumers[idx];
+                let Some(ch) = channels.get_mut(&cid).filter(|c| c.has_credit()) else {
+                    continue;
+                };
+                let Some(r) = q.ready.pop_front() else { break };
+                let tag = ch.next_tag;
+                let sent = ch.consumer.as_ref().is_some_and(|c| {
+                    c.tx.send(Pending {
+                        msg: r.msg.clone(),
+                        tag,
+                        redelivered: r.redelivered,
+                        returns: r.returns,
+                        quorum,
+                    })
+                    .is_ok()
+                });
+                if !sent {
+                    // The subscription is gone without closing: detach it, keep the message.
+                    q.ready.push_front(r);
+                    ch.consumer = None;
+                    q.remove_consumer(cid);
+                    delivered = true; // try again with the remaining consumers
+                    break;
+                }
+                q.rr = (idx + 1) % n;
+                ch.next_tag += 1;
+                ch.unacked.push_back(Unacked {
                     tag,
-                    redelivered: r.redelivered,
+                    queue: q.name.clone(),
+                    queue_id: q.id,
+                    msg: r.msg,
                     returns: r.returns,
-                    quorum,
-                })
-                .is_ok()
-            });
-            if !sent {
-                // The subscription is gone without closing: detach it, keep the message.
-                q.ready.push_front(r);
-                ch.consumer = None;
-                q.remove_consumer(cid);
-                continue;
+                    expires_at: r.expires_at,
+                });
+                delivered = true;
+                break;
             }
-            ch.next_tag += 1;
-            ch.unacked.push_back(Unacked {
-                tag,
-                queue: q.name.clone(),
-                queue_id: q.id,
-                msg: r.msg,
-                returns: r.returns,
-                expires_at: r.expires_at,
-            });
+            if !delivered {
+                break;
+            }
         }
         let (qname, dlx, dlrk) = (q.name.clone(), q.dlx.clone(), q.dlrk.clone());
         self.poke_timer(name);
@@ -283,8 +311,11 @@ impl State {
         };
         let out = Arc::new(out);
         for t in targets {
-            if !deadletter::is_cycle(&out, &t) {
-                self.enqueue(&t, out.clone(), now, work);
+            if !deadletter::is_cycle(&out, &t)
+                && self.enqueue(&t, out.clone(), now, work) == Enqueued::Appended
+                && let Some(q) = self.queues.get(&t)
+            {
+                push_work(work, &q.name);
             }
         }
     }
@@ -309,25 +340,52 @@ impl State {
             Settlement::Nack { multiple, requeue } => (multiple, requeue, false),
             Settlement::Reject { requeue } => (false, requeue, false),
         };
-        let taken: Vec<Unacked> = if multiple && tag == 0 {
-            ch.unacked.drain(..).collect()
-        } else {
-            let idx = ch
-                .unacked
-                .binary_search_by_key(&tag, |u| u.tag)
-                .map_err(|_| TransportError::AckNotSent)?;
-            if multiple {
-                ch.unacked.drain(..=idx).collect()
-            } else {
-                ch.unacked.remove(idx).into_iter().collect()
-            }
-        };
         let mut work = Work::new();
-        if let Some(c) = &ch.consumer {
-            push_work(&mut work, &c.queue);
+        let credit = ch.consumer.as_ref().map(|c| c.queue.clone());
+        if !multiple {
+            // The common case (one delivery, usually the oldest): no allocation.
+            let idx = if ch.unacked.front().is_some_and(|u| u.tag == tag) {
+                0
+            } else {
+                ch.unacked
+                    .binary_search_by_key(&tag, |u| u.tag)
+                    .map_err(|_| TransportError::AckNotSent)?
+            };
+            let one = ch.unacked.remove(idx);
+            self.finish_settle(one, requeue, ack, now, &mut work);
+        } else {
+            let upto = if tag == 0 {
+                ch.unacked.len()
+            } else {
+                ch.unacked
+                    .binary_search_by_key(&tag, |u| u.tag)
+                    .map_err(|_| TransportError::AckNotSent)?
+                    + 1
+            };
+            let taken: Vec<Unacked> = ch.unacked.drain(..upto).collect();
+            self.finish_settle(taken, requeue, ack, now, &mut work);
         }
+        if let Some(queue) = credit {
+            // The window has room again.
+            self.dispatch(&queue, now, &mut work);
+        }
+        self.run(work, now);
+        Ok(())
+    }
+
+    fn finish_settle<I>(
+        &mut self,
+        taken: I,
+        requeue: bool,
+        ack: bool,
+        now: Instant,
+        work: &mut Work,
+    ) where
+        I: IntoIterator<Item = Unacked>,
+        I::IntoIter: DoubleEndedIterator,
+    {
         if requeue {
-            self.requeue(taken, &mut work);
+            self.requeue(taken, work);
         } else if !ack {
             for u in taken {
                 let cfg = self
@@ -336,25 +394,19 @@ impl State {
                     .filter(|q| q.id == u.queue_id)
                     .map(|q| (q.dlx.clone(), q.dlrk.clone()));
                 if let Some((dlx, dlrk)) = cfg {
-                    self.dead_letter(
-                        &u.msg,
-                        &u.queue,
-                        Reason::Rejected,
-                        dlx,
-                        dlrk,
-                        now,
-                        &mut work,
-                    );
+                    self.dead_letter(&u.msg, &u.queue, Reason::Rejected, dlx, dlrk, now, work);
                 }
             }
         }
-        self.run(work, now);
-        Ok(())
     }
 
     /// Puts deliveries back at the head of their queues, in their original order,
     /// marked redelivered, with their original expiry.
-    fn requeue(&mut self, taken: Vec<Unacked>, work: &mut Work) {
+    pub(crate) fn requeue<I>(&mut self, taken: I, work: &mut Work)
+    where
+        I: IntoIterator<Item = Unacked>,
+        I::IntoIter: DoubleEndedIterator,
+    {
         for u in taken.into_iter().rev() {
             if let Some(q) = self
                 .queues
@@ -368,192 +420,6 @@ impl State {
                     expires_at: u.expires_at,
                 });
                 push_work(work, &q.name);
-            }
-        }
-    }
-
-    /// basic.consume on a new channel of `conn`.
-    pub(crate) fn consume(
-        &mut self,
-        conn: u64,
-        spec: &ConsumeSpec,
-        now: Instant,
-    ) -> Result<(u64, mpsc::UnboundedReceiver<Pending>, Arc<AtomicBool>), TransportError> {
-        check_short(&spec.consumer_tag)?;
-        let q = self.accessible_queue(&spec.queue, conn)?;
-        if q.exclusive_consumer || (spec.exclusive && !q.consumers.is_empty()) {
-            return Err(TransportError::AccessRefused {
-                detail: format!("{} in exclusive use", queue::queue_ref(&spec.queue)),
-            });
-        }
-        let (queue_name, queue_id) = (q.name.clone(), q.id);
-        let (tx, rx) = mpsc::unbounded_channel();
-        let id = self.next_id();
-        let ch = Channel::new(
-            conn,
-            Some(Consumer {
-                queue: queue_name.clone(),
-                queue_id,
-                tx,
-                prefetch: usize::from(spec.prefetch),
-            }),
-        );
-        let closed = ch.closed.clone();
-        self.channels.insert(id, ch);
-        if let Some(q) = self.queues.get_mut(&spec.queue) {
-            q.consumers.push(id);
-            q.had_consumer = true;
-            q.exclusive_consumer = spec.exclusive;
-        }
-        self.run(vec![queue_name], now);
-        Ok((id, rx, closed))
-    }
-
-    /// basic.get on the connection's get channel: the head message, unacked until
-    /// settled, outside any prefetch window.
-    pub(crate) fn get(
-        &mut self,
-        conn: u64,
-        channel: u64,
-        name: &str,
-        now: Instant,
-    ) -> Result<Option<Pending>, TransportError> {
-        self.accessible_queue(name, conn)?;
-        let mut work = Work::new();
-        // A dispatch pass first: it expires the head (dead-lettering it) like a consumer would.
-        self.dispatch(name, now, &mut work);
-        self.run(work, now);
-        let State {
-            queues, channels, ..
-        } = self;
-        let q = queues.get_mut(name).ok_or_else(|| not_found_queue(name))?;
-        let ch = channels
-            .get_mut(&channel)
-            .ok_or_else(|| TransportError::Closed {
-                detail: "the connection is closed".into(),
-            })?;
-        let Some(r) = q.ready.pop_front() else {
-            return Ok(None);
-        };
-        let tag = ch.next_tag;
-        ch.next_tag += 1;
-        ch.unacked.push_back(Unacked {
-            tag,
-            queue: q.name.clone(),
-            queue_id: q.id,
-            msg: r.msg.clone(),
-            returns: r.returns,
-            expires_at: r.expires_at,
-        });
-        let pending = Pending {
-            msg: r.msg,
-            tag,
-            redelivered: r.redelivered,
-            returns: r.returns,
-            quorum: q.kind == Kind::Quorum,
-        };
-        self.poke_timer(name);
-        Ok(Some(pending))
-    }
-
-    /// basic.cancel: no new deliveries; unsettled ones stay settleable.
-    pub(crate) fn cancel_consumer(&mut self, channel: u64) {
-        let consumer = self
-            .channels
-            .get_mut(&channel)
-            .and_then(|ch| ch.consumer.take());
-        if let Some(c) = consumer {
-            self.detach(&c, channel);
-        }
-    }
-
-    /// Detaches a consumer from its queue; an auto-delete queue that loses its last
-    /// consumer is deleted.
-    fn detach(&mut self, c: &Consumer, channel: u64) {
-        let Some(q) = self
-            .queues
-            .get_mut(&*c.queue)
-            .filter(|q| q.id == c.queue_id)
-        else {
-            return;
-        };
-        q.remove_consumer(channel);
-        if q.auto_delete && q.had_consumer && q.consumers.is_empty() {
-            let name = q.name.clone();
-            self.remove_queue(&name);
-        }
-    }
-
-    /// Closes a channel: its consumer goes, its unsettled deliveries return to the head
-    /// of their queues (in order, redelivered), later settlements are `AckNotSent`.
-    pub(crate) fn close_channel(&mut self, channel: u64, now: Instant) {
-        let Some(mut ch) = self.channels.remove(&channel) else {
-            return;
-        };
-        ch.closed.store(true, Ordering::Release);
-        if let Some(c) = ch.consumer.take() {
-            self.detach(&c, channel);
-        }
-        let taken: Vec<Unacked> = ch.unacked.drain(..).collect();
-        let mut work = Work::new();
-        self.requeue(taken, &mut work);
-        self.run(work, now);
-    }
-
-    /// Closes a connection: every channel of it, then its exclusive queues.
-    pub(crate) fn close_connection(&mut self, conn: u64, now: Instant) {
-        let channels: Vec<u64> = self
-            .channels
-            .iter()
-            .filter(|(_, c)| c.conn == conn)
-            .map(|(id, _)| *id)
-            .collect();
-        for id in channels {
-            self.close_channel(id, now);
-        }
-        let exclusive: Vec<Arc<str>> = self
-            .queues
-            .values()
-            .filter(|q| q.exclusive_owner == Some(conn))
-            .map(|q| q.name.clone())
-            .collect();
-        for q in exclusive {
-            self.remove_queue(&q);
-        }
-        self.connections.remove(&conn);
-    }
-
-    /// queue.purge: drops the ready messages (not the unacked ones); returns how many.
-    pub(crate) fn purge(&mut self, conn: u64, name: &str) -> Result<u32, TransportError> {
-        self.accessible_queue(name, conn)?;
-        let q = self
-            .queues
-            .get_mut(name)
-            .ok_or_else(|| not_found_queue(name))?;
-        let n = count(q.ready.len());
-        q.ready.clear();
-        Ok(n)
-    }
-
-    /// The expiry task's step: expires the head of queue `name` (incarnation `id`) and
-    /// returns the instant to sleep until, or `None` to stop (nothing left to expire,
-    /// or the queue is gone).
-    pub(crate) fn expire_tick(&mut self, name: &str, id: u64, now: Instant) -> Option<Instant> {
-        if self.queues.get(name).is_none_or(|q| q.id != id) {
-            return None;
-        }
-        let mut work = Work::new();
-        self.dispatch(name, now, &mut work);
-        self.run(work, now);
-        let q = self.queues.get_mut(name).filter(|q| q.id == id)?;
-        match (q.head_expiry(), q.timer.as_mut()) {
-            (Some(at), Some(t)) => {
-                t.deadline = at;
-                Some(at)
-            }
-            _ => {
-                q.timer = None;
-                None
             }
         }
     }

@@ -15,9 +15,33 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::broker::{MemoryBroker, State};
+use super::dispatch::Work;
 use super::queue::Timer;
 
 impl State {
+    /// The expiry task's step: expires the head of queue `name` (incarnation `id`) and
+    /// returns the instant to sleep until, or `None` to stop (nothing left to expire,
+    /// or the queue is gone).
+    pub(crate) fn expire_tick(&mut self, name: &str, id: u64, now: Instant) -> Option<Instant> {
+        if self.queues.get(name).is_none_or(|q| q.id != id) {
+            return None;
+        }
+        let mut work = Work::new();
+        self.dispatch(name, now, &mut work);
+        self.run(work, now);
+        let q = self.queues.get_mut(name).filter(|q| q.id == id)?;
+        match (q.head_expiry(), q.timer.as_mut()) {
+            (Some(at), Some(t)) => {
+                t.deadline = at;
+                Some(at)
+            }
+            _ => {
+                q.timer = None;
+                None
+            }
+        }
+    }
+
     /// Makes sure the expiry task of queue `name` will wake no later than its head's
     /// expiry: starts one if none runs, or wakes it if it sleeps too long.
     pub(crate) fn poke_timer(&mut self, name: &str) {

@@ -11,10 +11,12 @@
 //! `x-death`, and TTL expiry at the head of the queue only. Time is `tokio::time`, so
 //! paused-clock tests run hours of TTL in milliseconds.
 //!
-//! Modules: `broker` (registry, [`MemoryBroker`], exchanges, bindings, queue declaration),
-//! `routing` (matching rules), `queue` (the queue record, argument checks, TTL
-//! bookkeeping), `dispatch` (publish, delivery, settlement, channels), `deadletter`
-//! (`x-death`), `expiry` (the per-queue expiry task), `subscription` (the consumer side).
+//! Modules: `broker` (registry, [`MemoryBroker`], block/unblock, exchanges, bindings,
+//! queue declaration and deletion), `inspect` (read-only views for tests), `routing`
+//! (matching rules), `queue` (the queue record and TTL bookkeeping), `args` (declaration
+//! validation and equivalence), `dispatch` (publish, delivery, settlement), `channel`
+//! (consume, get, cancel, close), `deadletter` (`x-death`), `expiry` (the per-queue
+//! expiry task), `subscription` (the consumer side).
 //!
 //! Where it knowingly differs from RabbitMQ:
 //! - publishing to a missing exchange fails at publish time with `NotFound` (RabbitMQ
@@ -47,10 +49,13 @@
 //! # Ok(()) }
 //! ```
 
+mod args;
 mod broker;
+mod channel;
 mod deadletter;
 mod dispatch;
 mod expiry;
+mod inspect;
 mod queue;
 mod routing;
 mod subscription;
@@ -61,7 +66,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-pub use broker::{MemoryBroker, MessageSnapshot};
+pub use broker::MemoryBroker;
+pub use inspect::MessageSnapshot;
 
 use super::{
     BoxFuture, ConsumeSpec, Delivery, Outbound, PendingConfirm, QueueInfo, Subscription, Transport,

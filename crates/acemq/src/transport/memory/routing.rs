@@ -100,9 +100,7 @@ pub(crate) fn topic_matches(pattern: &str, key: &str) -> bool {
                 }
             }
             "*" => {
-                for j in 0..k.len() {
-                    next[j + 1] = reach[j];
-                }
+                next[1..].copy_from_slice(&reach[..k.len()]);
             }
             literal => {
                 for j in 0..k.len() {
