@@ -349,13 +349,12 @@ impl ActuatorHandle {
         if let Some(upkeep) = self.upkeep.take() {
             upkeep.abort();
         }
-        if let Some(mut server) = self.server.take() {
-            if tokio::time::timeout(SHUTDOWN_GRACE, &mut server)
+        if let Some(mut server) = self.server.take()
+            && tokio::time::timeout(SHUTDOWN_GRACE, &mut server)
                 .await
                 .is_err()
-            {
-                server.abort();
-            }
+        {
+            server.abort();
         }
     }
 }

@@ -586,8 +586,10 @@ mod tests {
     }
 
     // A minimal subscriber that remembers every span's fields.
+    type Fields = BTreeMap<String, String>;
+
     #[derive(Clone, Default)]
-    struct Capture(Arc<Mutex<Vec<(&'static str, BTreeMap<String, String>)>>>);
+    struct Capture(Arc<Mutex<Vec<(&'static str, Fields)>>>);
 
     struct Visit<'a>(&'a mut BTreeMap<String, String>);
     impl tracing::field::Visit for Visit<'_> {
