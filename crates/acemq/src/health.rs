@@ -27,14 +27,18 @@
 //! # use acemq::transport::TransportStatus;
 //! # let registry = HealthRegistry::new();
 //! # let status = TransportStatus { connected: true, blocked: None };
-//! # let (kind, in_flight, held) = ("memory", 0usize, 0usize);
+//! # let (kind, in_flight, held, consuming_paused) = ("memory", 0usize, 0usize, false);
+//! let mut extra = vec![
+//!     ("transport", kind.to_string()),      // mq.transport_kind()
+//!     ("inFlight", in_flight.to_string()),  // mq.in_flight()
+//!     ("held", held.to_string()),           // mq.held()
+//! ];
+//! if consuming_paused {                     // mq.is_consuming_paused()
+//!     extra.push(("consuming", "paused".to_string()));
+//! }
 //! let health = registry.evaluate_with([connection_report(
 //!     &status, // transport.status(): local, never a broker round trip
-//!     &[
-//!         ("transport", kind.to_string()),
-//!         ("inFlight", in_flight.to_string()),
-//!         ("held", held.to_string()),
-//!     ],
+//!     &extra,
 //! )]);
 //! assert!(health.is_up());
 //! ```
