@@ -14,14 +14,18 @@
 #![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
 #![deny(unused_must_use)]
 
+#[cfg(feature = "actuator")]
+pub mod actuator;
 pub mod codec;
 pub mod connection;
 pub mod consume;
 pub mod envelope;
 pub mod error;
 pub mod headers;
+pub mod health;
 pub mod intercept;
 pub mod lifecycle;
+pub mod observe;
 pub mod publish;
 pub mod replay;
 pub mod retry;

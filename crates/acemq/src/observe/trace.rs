@@ -1,0 +1,675 @@
+//! W3C trace context in message headers, and the family's spans, without an OpenTelemetry SDK.
+//!
+//! A [`TraceContext`] travels in the `traceparent` / `tracestate` headers (no prefix, string
+//! values), exactly as the other AceMQ libraries write them, so a trace crosses from a Java
+//! publisher to a Rust consumer and back. Spans are [`tracing`] spans whose fields follow
+//! the family's attribute names and `tracing-opentelemetry`'s conventions (`otel.name`,
+//! `otel.kind`, `otel.status_code`), so an application that installs that layer exports
+//! `{destination} publish` (PRODUCER) and `{queue} process` (CONSUMER) spans; one that does
+//! not pays for a disabled span only (no id is formatted unless a subscriber records it).
+//!
+//! A task-local *current context* ([`scope`], [`current`]) makes a publish made inside a
+//! handler a child of the consumer's span. It is task-local: a task the handler spawns does
+//! not inherit it unless wrapped in [`scope`] again.
+//!
+//! # Wiring
+//!
+//! Publish side (before handing the message to the transport):
+//!
+//! ```
+//! use acemq::headers::Headers;
+//! use acemq::observe::metrics::PublishOutcome;
+//! use acemq::observe::trace::{self, TraceContext};
+//!
+//! let mut headers = Headers::new();
+//! let (ctx, parent) = TraceContext::for_publish(); // child of current(), or a new root
+//! ctx.inject(&mut headers);
+//! let span = trace::publish_span("orders", "orders.placed", "msg-1", "OrderPlaced", &ctx, parent.as_ref());
+//! // ... publish, await the confirm (inside `span` with `Instrument::instrument`) ...
+//! trace::record_publish_outcome(&span, PublishOutcome::Confirmed);
+//! ```
+//!
+//! Consume side (after decoding; a parked message has no span):
+//!
+//! ```
+//! # async fn demo(headers: acemq::headers::Headers) {
+//! use tracing::Instrument;
+//! use acemq::observe::metrics::ConsumeOutcome;
+//! use acemq::observe::trace::{self, TraceContext};
+//!
+//! let (ctx, parent) = TraceContext::for_process(&headers); // child of `traceparent`, or a root
+//! let span = trace::process_span("orders.placed", "msg-1", "OrderPlaced", 1, &ctx, parent.as_ref());
+//! let handler = async { /* the user's handler; its publishes become children of ctx */ };
+//! trace::scope(ctx, handler).instrument(span.clone()).await;
+//! trace::record_consume_outcome(&span, ConsumeOutcome::Acked);
+//! # }
+//! ```
+
+use std::fmt;
+use std::future::Future;
+
+use tracing::Span;
+use tracing::field::Empty;
+
+use crate::headers::{HeaderValue, Headers};
+use crate::observe::metrics::{ConsumeOutcome, PublishOutcome};
+
+/// The header carrying the W3C `traceparent`.
+pub const TRACEPARENT: &str = "traceparent";
+/// The header carrying the W3C `tracestate`.
+pub const TRACESTATE: &str = "tracestate";
+/// The longest `tracestate` kept (W3C: at most 512 characters are propagated).
+pub const MAX_TRACESTATE_LEN: usize = 512;
+/// The `sampled` trace flag.
+pub const FLAG_SAMPLED: u8 = 0x01;
+
+/// Span attribute: `messaging.system` (always `rabbitmq`).
+pub const ATTR_SYSTEM: &str = "messaging.system";
+/// Span attribute: `messaging.destination.name`.
+pub const ATTR_DESTINATION: &str = "messaging.destination.name";
+/// Span attribute: `messaging.operation` (`publish`, `process`).
+pub const ATTR_OPERATION: &str = "messaging.operation";
+/// Span attribute: `messaging.message.id`.
+pub const ATTR_MESSAGE_ID: &str = "messaging.message.id";
+/// Span attribute: `messaging.rabbitmq.destination.routing_key`.
+pub const ATTR_ROUTING_KEY: &str = "messaging.rabbitmq.destination.routing_key";
+/// Span attribute: `messaging.acemq.message_type`.
+pub const ATTR_MESSAGE_TYPE: &str = "messaging.acemq.message_type";
+/// Span attribute: `messaging.acemq.attempt`.
+pub const ATTR_ATTEMPT: &str = "messaging.acemq.attempt";
+/// Span attribute: `messaging.acemq.outcome` (recorded when the outcome is known).
+pub const ATTR_OUTCOME: &str = "messaging.acemq.outcome";
+
+/// A W3C trace context: which trace, which span, flags and the vendor `tracestate`.
+///
+/// ```
+/// use acemq::observe::trace::TraceContext;
+/// let root = TraceContext::new_root();
+/// let child = root.child();
+/// assert_eq!(child.trace_id, root.trace_id);
+/// assert_ne!(child.span_id, root.span_id);
+/// let back = TraceContext::parse(&child.to_traceparent(), None).unwrap();
+/// assert_eq!(back, child);
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct TraceContext {
+    /// 16-byte trace id (never all zero).
+    pub trace_id: [u8; 16],
+    /// 8-byte id of this span (never all zero).
+    pub span_id: [u8; 8],
+    /// Trace flags (bit 0: sampled).
+    pub flags: u8,
+    /// The vendor `tracestate`, carried unchanged.
+    pub tracestate: Option<String>,
+}
+
+impl fmt::Debug for TraceContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TraceContext")
+            .field("traceparent", &self.to_traceparent())
+            .field("tracestate", &self.tracestate)
+            .finish()
+    }
+}
+
+impl TraceContext {
+    /// A new trace: random trace and span ids, sampled, no `tracestate`.
+    pub fn new_root() -> Self {
+        TraceContext {
+            trace_id: random_nonzero(),
+            span_id: random_nonzero(),
+            flags: FLAG_SAMPLED,
+            tracestate: None,
+        }
+    }
+
+    /// A child: same trace, flags and `tracestate`; a new span id.
+    pub fn child(&self) -> Self {
+        TraceContext {
+            trace_id: self.trace_id,
+            span_id: random_nonzero(),
+            flags: self.flags,
+            tracestate: self.tracestate.clone(),
+        }
+    }
+
+    /// Whether the sampled flag is set.
+    pub fn is_sampled(&self) -> bool {
+        self.flags & FLAG_SAMPLED != 0
+    }
+
+    /// The trace id as 32 lowercase hex digits.
+    pub fn trace_id_hex(&self) -> String {
+        Hex(&self.trace_id).to_string()
+    }
+
+    /// The span id as 16 lowercase hex digits.
+    pub fn span_id_hex(&self) -> String {
+        Hex(&self.span_id).to_string()
+    }
+
+    /// `00-{trace id}-{span id}-{flags}`, all lowercase hex.
+    ///
+    /// ```
+    /// use acemq::observe::trace::TraceContext;
+    /// let c = TraceContext { trace_id: [0xab; 16], span_id: [0x01; 8], flags: 1, tracestate: None };
+    /// assert_eq!(c.to_traceparent(), "00-abababababababababababababababab-0101010101010101-01");
+    /// ```
+    pub fn to_traceparent(&self) -> String {
+        format!(
+            "00-{}-{}-{:02x}",
+            Hex(&self.trace_id),
+            Hex(&self.span_id),
+            self.flags
+        )
+    }
+
+    /// Parses a `traceparent` (and keeps `tracestate` when it is non-empty and at most
+    /// [`MAX_TRACESTATE_LEN`] characters). Strict: version `00`, exactly 55 characters,
+    /// lowercase hex, non-zero ids. Anything else is `None` (the consumer then starts a new
+    /// trace rather than joining a corrupt one).
+    ///
+    /// ```
+    /// use acemq::observe::trace::TraceContext;
+    /// let ok = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    /// let c = TraceContext::parse(ok, Some("congo=t61rcWkgMzE")).unwrap();
+    /// assert_eq!(c.span_id_hex(), "00f067aa0ba902b7");
+    /// assert_eq!(c.tracestate.as_deref(), Some("congo=t61rcWkgMzE"));
+    /// assert!(TraceContext::parse(&ok.to_uppercase(), None).is_none());
+    /// assert!(TraceContext::parse("00-00000000000000000000000000000000-00f067aa0ba902b7-01", None).is_none());
+    /// ```
+    pub fn parse(traceparent: &str, tracestate: Option<&str>) -> Option<Self> {
+        let b = traceparent.trim().as_bytes();
+        if b.len() != 55 || b[2] != b'-' || b[35] != b'-' || b[52] != b'-' {
+            return None;
+        }
+        if &b[0..2] != b"00" {
+            return None;
+        }
+        let mut trace_id = [0u8; 16];
+        let mut span_id = [0u8; 8];
+        let mut flags = [0u8; 1];
+        decode_hex(&b[3..35], &mut trace_id)?;
+        decode_hex(&b[36..52], &mut span_id)?;
+        decode_hex(&b[53..55], &mut flags)?;
+        if trace_id == [0; 16] || span_id == [0; 8] {
+            return None;
+        }
+        let tracestate = tracestate
+            .map(str::trim)
+            .filter(|s| !s.is_empty() && s.len() <= MAX_TRACESTATE_LEN)
+            .map(str::to_owned);
+        Some(TraceContext {
+            trace_id,
+            span_id,
+            flags: flags[0],
+            tracestate,
+        })
+    }
+
+    /// Writes `traceparent` (and `tracestate` when present) as string headers, replacing
+    /// any already there; removes a stale `tracestate` when this context has none.
+    ///
+    /// ```
+    /// use acemq::headers::Headers;
+    /// use acemq::observe::trace::TraceContext;
+    /// let mut h = Headers::new();
+    /// let c = TraceContext::new_root();
+    /// c.inject(&mut h);
+    /// assert_eq!(TraceContext::extract(&h), Some(c));
+    /// ```
+    pub fn inject(&self, headers: &mut Headers) {
+        headers.insert(
+            TRACEPARENT.to_owned(),
+            HeaderValue::Str(self.to_traceparent()),
+        );
+        match &self.tracestate {
+            Some(state) => {
+                headers.insert(TRACESTATE.to_owned(), HeaderValue::Str(state.clone()));
+            }
+            None => {
+                headers.remove(TRACESTATE);
+            }
+        }
+    }
+
+    /// Reads `traceparent` / `tracestate` (string or UTF-8 byte-array values); `None` when
+    /// absent or malformed.
+    pub fn extract(headers: &Headers) -> Option<Self> {
+        let parent = header_text(headers.get(TRACEPARENT)?)?;
+        let state = headers.get(TRACESTATE).and_then(header_text);
+        Self::parse(parent, state)
+    }
+
+    /// The context for a publish: a child of [`current`] when inside a [`scope`] (a handler
+    /// publishing), else a new root. Returns `(context, parent)`.
+    pub fn for_publish() -> (TraceContext, Option<TraceContext>) {
+        match current() {
+            Some(parent) => (parent.child(), Some(parent)),
+            None => (TraceContext::new_root(), None),
+        }
+    }
+
+    /// The context for processing a delivery: a child of the message's `traceparent` when
+    /// it has a valid one, else a new root. Returns `(context, parent)`.
+    pub fn for_process(headers: &Headers) -> (TraceContext, Option<TraceContext>) {
+        match Self::extract(headers) {
+            Some(parent) => (parent.child(), Some(parent)),
+            None => (TraceContext::new_root(), None),
+        }
+    }
+}
+
+fn header_text(v: &HeaderValue) -> Option<&str> {
+    match v {
+        HeaderValue::Str(s) => Some(s),
+        HeaderValue::Bytes(b) => std::str::from_utf8(b).ok(),
+        _ => None,
+    }
+}
+
+fn random_nonzero<const N: usize>() -> [u8; N] {
+    loop {
+        let id: [u8; N] = rand::random();
+        if id != [0u8; N] {
+            return id;
+        }
+    }
+}
+
+fn decode_hex(src: &[u8], dst: &mut [u8]) -> Option<()> {
+    fn nibble(c: u8) -> Option<u8> {
+        match c {
+            b'0'..=b'9' => Some(c - b'0'),
+            b'a'..=b'f' => Some(c - b'a' + 10),
+            _ => None,
+        }
+    }
+    if src.len() != dst.len() * 2 {
+        return None;
+    }
+    for (i, out) in dst.iter_mut().enumerate() {
+        *out = (nibble(src[2 * i])? << 4) | nibble(src[2 * i + 1])?;
+    }
+    Some(())
+}
+
+/// Lowercase hex, formatted only when displayed.
+struct Hex<'a>(&'a [u8]);
+
+impl fmt::Display for Hex<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for b in self.0 {
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+/// `"{destination} {operation}"`, formatted only when displayed.
+struct SpanName<'a>(&'a str, &'static str);
+
+impl fmt::Display for SpanName<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.0, self.1)
+    }
+}
+
+tokio::task_local! {
+    static CURRENT: TraceContext;
+}
+
+/// Runs `fut` with `ctx` as the task's current context (what [`current`] returns and what
+/// [`TraceContext::for_publish`] parents from).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use acemq::observe::trace::{self, TraceContext};
+/// let ctx = TraceContext::new_root();
+/// let inside = trace::scope(ctx.clone(), async { trace::current() }).await;
+/// assert_eq!(inside, Some(ctx));
+/// assert_eq!(trace::current(), None);
+/// # }
+/// ```
+pub async fn scope<F: Future>(ctx: TraceContext, fut: F) -> F::Output {
+    CURRENT.scope(ctx, fut).await
+}
+
+/// Runs a closure with `ctx` as the current context (synchronous code).
+pub fn sync_scope<R>(ctx: TraceContext, f: impl FnOnce() -> R) -> R {
+    CURRENT.sync_scope(ctx, f)
+}
+
+/// The current context, when inside a [`scope`].
+pub fn current() -> Option<TraceContext> {
+    CURRENT.try_with(TraceContext::clone).ok()
+}
+
+/// The PRODUCER span of one publish: static name `publish`, `otel.name` =
+/// `"{destination} publish"` where the destination is the exchange, or the routing key
+/// when the exchange is empty. Fields: `otel.kind` = `producer`, `messaging.system` =
+/// `rabbitmq`, `messaging.destination.name`, `messaging.operation` = `publish`,
+/// `messaging.message.id`, `messaging.rabbitmq.destination.routing_key`,
+/// `messaging.acemq.message_type`, `trace_id`, `span_id`, `parent_span_id` (when there is a
+/// parent), and `messaging.acemq.outcome` / `otel.status_code` recorded later by
+/// [`record_publish_outcome`].
+///
+/// ```
+/// use acemq::observe::trace::{publish_span, TraceContext};
+/// let ctx = TraceContext::new_root();
+/// let span = publish_span("", "orders.placed", "m-1", "OrderPlaced", &ctx, None);
+/// # drop(span);
+/// ```
+pub fn publish_span(
+    exchange: &str,
+    routing_key: &str,
+    message_id: &str,
+    message_type: &str,
+    ctx: &TraceContext,
+    parent: Option<&TraceContext>,
+) -> Span {
+    let destination = if exchange.is_empty() {
+        routing_key
+    } else {
+        exchange
+    };
+    let span = tracing::info_span!(
+        "publish",
+        otel.name = %SpanName(destination, "publish"),
+        otel.kind = "producer",
+        otel.status_code = Empty,
+        messaging.system = "rabbitmq",
+        messaging.destination.name = destination,
+        messaging.operation = "publish",
+        messaging.message.id = message_id,
+        messaging.rabbitmq.destination.routing_key = routing_key,
+        messaging.acemq.message_type = message_type,
+        messaging.acemq.outcome = Empty,
+        trace_id = %Hex(&ctx.trace_id),
+        span_id = %Hex(&ctx.span_id),
+        parent_span_id = Empty,
+    );
+    if let Some(p) = parent {
+        span.record("parent_span_id", tracing::field::display(Hex(&p.span_id)));
+    }
+    span
+}
+
+/// The CONSUMER span of one delivery's processing: static name `process`, `otel.name` =
+/// `"{queue} process"`. Fields: `otel.kind` = `consumer`, `messaging.system` = `rabbitmq`,
+/// `messaging.destination.name` = the queue, `messaging.operation` = `process`,
+/// `messaging.message.id`, `messaging.acemq.message_type`, `messaging.acemq.attempt`,
+/// `trace_id`, `span_id`, `parent_span_id` (the publisher's span, from `traceparent`), and
+/// `messaging.acemq.outcome` / `otel.status_code` recorded later by
+/// [`record_consume_outcome`].
+///
+/// ```
+/// use acemq::observe::trace::{process_span, TraceContext};
+/// let parent = TraceContext::new_root();
+/// let ctx = parent.child();
+/// let span = process_span("orders.placed", "m-1", "OrderPlaced", 2, &ctx, Some(&parent));
+/// # drop(span);
+/// ```
+pub fn process_span(
+    queue: &str,
+    message_id: &str,
+    message_type: &str,
+    attempt: u32,
+    ctx: &TraceContext,
+    parent: Option<&TraceContext>,
+) -> Span {
+    let span = tracing::info_span!(
+        "process",
+        otel.name = %SpanName(queue, "process"),
+        otel.kind = "consumer",
+        otel.status_code = Empty,
+        messaging.system = "rabbitmq",
+        messaging.destination.name = queue,
+        messaging.operation = "process",
+        messaging.message.id = message_id,
+        messaging.acemq.message_type = message_type,
+        messaging.acemq.attempt = attempt,
+        messaging.acemq.outcome = Empty,
+        trace_id = %Hex(&ctx.trace_id),
+        span_id = %Hex(&ctx.span_id),
+        parent_span_id = Empty,
+    );
+    if let Some(p) = parent {
+        span.record("parent_span_id", tracing::field::display(Hex(&p.span_id)));
+    }
+    span
+}
+
+/// Records a publish span's outcome, and `otel.status_code` = `ERROR` for `unroutable` and
+/// `failed`.
+pub fn record_publish_outcome(span: &Span, outcome: PublishOutcome) {
+    record_outcome(span, outcome.as_str(), outcome.is_error());
+}
+
+/// Records a process span's outcome, and `otel.status_code` = `ERROR` for `dead_lettered`
+/// and `rejected`.
+pub fn record_consume_outcome(span: &Span, outcome: ConsumeOutcome) {
+    record_outcome(span, outcome.as_str(), outcome.is_error());
+}
+
+/// Records any outcome (`failed` for a scope that ended without one, per the family).
+pub fn record_outcome(span: &Span, outcome: &'static str, is_error: bool) {
+    span.record(ATTR_OUTCOME, outcome);
+    if is_error {
+        span.record("otel.status_code", "ERROR");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+    use std::sync::{Arc, Mutex};
+    use tracing::span::{Attributes, Id, Record};
+    use tracing::{Event, Metadata, Subscriber};
+
+    const GOOD: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    #[test]
+    fn round_trip_through_headers() {
+        let mut h = Headers::new();
+        let c = TraceContext::parse(GOOD, Some("rojo=00f067aa0ba902b7")).unwrap();
+        c.inject(&mut h);
+        assert_eq!(h[TRACEPARENT], HeaderValue::Str(GOOD.into()));
+        assert_eq!(
+            h[TRACESTATE],
+            HeaderValue::Str("rojo=00f067aa0ba902b7".into())
+        );
+        assert_eq!(TraceContext::extract(&h), Some(c.clone()));
+        assert_eq!(c.to_traceparent(), GOOD);
+        assert_eq!(c.trace_id_hex(), "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert!(c.is_sampled());
+
+        // Byte-array header values (some clients write longstr as bytes) are read too.
+        let mut h = Headers::new();
+        h.insert(
+            TRACEPARENT.into(),
+            HeaderValue::Bytes(GOOD.as_bytes().to_vec()),
+        );
+        assert_eq!(
+            TraceContext::extract(&h).map(|c| c.to_traceparent()),
+            Some(GOOD.into())
+        );
+
+        // A context without tracestate removes a stale one.
+        let mut h = Headers::new();
+        h.insert(TRACESTATE.into(), HeaderValue::from("old=1"));
+        TraceContext::new_root().inject(&mut h);
+        assert!(!h.contains_key(TRACESTATE));
+    }
+
+    #[test]
+    fn malformed_traceparents_are_rejected() {
+        let bad = [
+            "",
+            "garbage",
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", // version
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01", // uppercase
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01", // zero trace
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01", // zero span
+            "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",  // short
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-011", // long
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0g", // hex
+            "00_4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", // separator
+            "00-4bf92f3577b34da6a3ce929d0e0e4736_00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7_01",
+            "00-4bf92f3577b34da6a3ce929d0e0e47é6-00f067aa0ba902b7-01", // non-ascii
+        ];
+        for b in bad {
+            assert!(TraceContext::parse(b, None).is_none(), "{b:?}");
+        }
+        let mut h = Headers::new();
+        h.insert(TRACEPARENT.into(), HeaderValue::I32(1));
+        assert!(TraceContext::extract(&h).is_none());
+        assert!(TraceContext::extract(&Headers::new()).is_none());
+        // An unusable tracestate is dropped, not the context.
+        let long = "a=".to_string() + &"b".repeat(600);
+        let c = TraceContext::parse(GOOD, Some(&long)).unwrap();
+        assert_eq!(c.tracestate, None);
+        assert_eq!(
+            TraceContext::parse(GOOD, Some("  ")).unwrap().tracestate,
+            None
+        );
+    }
+
+    #[test]
+    fn child_keeps_the_trace_and_flags() {
+        let p = TraceContext::parse(GOOD, Some("k=v")).unwrap();
+        let c = p.child();
+        assert_eq!(c.trace_id, p.trace_id);
+        assert_eq!(c.flags, p.flags);
+        assert_eq!(c.tracestate, p.tracestate);
+        assert_ne!(c.span_id, p.span_id);
+        let a = TraceContext::new_root();
+        let b = TraceContext::new_root();
+        assert_ne!(a.trace_id, b.trace_id);
+        assert_ne!(a.trace_id, [0; 16]);
+    }
+
+    #[tokio::test]
+    async fn publish_inside_a_handler_is_a_child_of_the_consumer_span() {
+        let mut incoming = Headers::new();
+        incoming.insert(TRACEPARENT.into(), HeaderValue::from(GOOD));
+        let (ctx, parent) = TraceContext::for_process(&incoming);
+        assert_eq!(
+            parent.as_ref().map(|p| p.to_traceparent()),
+            Some(GOOD.into())
+        );
+        assert_eq!(ctx.trace_id_hex(), "4bf92f3577b34da6a3ce929d0e0e4736");
+
+        let (outgoing, out_parent) = scope(ctx.clone(), async {
+            tokio::task::yield_now().await;
+            TraceContext::for_publish()
+        })
+        .await;
+        assert_eq!(out_parent, Some(ctx.clone()));
+        assert_eq!(outgoing.trace_id, ctx.trace_id);
+        assert_ne!(outgoing.span_id, ctx.span_id);
+
+        // Outside any scope: a new root, no parent.
+        assert!(current().is_none());
+        let (root, none) = TraceContext::for_publish();
+        assert!(none.is_none());
+        assert_ne!(root.trace_id, ctx.trace_id);
+
+        // No valid traceparent: a new root.
+        let (_, p) = TraceContext::for_process(&Headers::new());
+        assert!(p.is_none());
+
+        assert_eq!(sync_scope(ctx.clone(), current), Some(ctx));
+    }
+
+    // A minimal subscriber that remembers every span's fields.
+    type Fields = BTreeMap<String, String>;
+
+    #[derive(Clone, Default)]
+    struct Capture(Arc<Mutex<Vec<(&'static str, Fields)>>>);
+
+    struct Visit<'a>(&'a mut BTreeMap<String, String>);
+    impl tracing::field::Visit for Visit<'_> {
+        fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn fmt::Debug) {
+            self.0.insert(field.name().into(), format!("{value:?}"));
+        }
+        fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+            self.0.insert(field.name().into(), value.into());
+        }
+    }
+
+    impl Subscriber for Capture {
+        fn enabled(&self, _: &Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, span: &Attributes<'_>) -> Id {
+            let mut fields = BTreeMap::new();
+            span.record(&mut Visit(&mut fields));
+            let mut all = self.0.lock().unwrap();
+            all.push((span.metadata().name(), fields));
+            Id::from_u64(all.len() as u64)
+        }
+        fn record(&self, span: &Id, values: &Record<'_>) {
+            let mut all = self.0.lock().unwrap();
+            let idx = usize::try_from(span.into_u64()).unwrap() - 1;
+            values.record(&mut Visit(&mut all[idx].1));
+        }
+        fn record_follows_from(&self, _: &Id, _: &Id) {}
+        fn event(&self, _: &Event<'_>) {}
+        fn enter(&self, _: &Id) {}
+        fn exit(&self, _: &Id) {}
+    }
+
+    #[test]
+    fn spans_carry_the_family_attributes() {
+        let cap = Capture::default();
+        let parent = TraceContext::parse(GOOD, None).unwrap();
+        let ctx = parent.child();
+        tracing::subscriber::with_default(cap.clone(), || {
+            let s = publish_span("", "orders.placed", "m-1", "OrderPlaced", &ctx, None);
+            record_publish_outcome(&s, PublishOutcome::Unroutable);
+            let s = process_span(
+                "orders.placed",
+                "m-1",
+                "OrderPlaced",
+                3,
+                &ctx,
+                Some(&parent),
+            );
+            record_consume_outcome(&s, ConsumeOutcome::Acked);
+            let _ = publish_span("orders", "orders.placed", "m-2", "T", &ctx, Some(&parent));
+        });
+        let spans = cap.0.lock().unwrap();
+        let (name, p) = &spans[0];
+        assert_eq!(*name, "publish");
+        assert_eq!(p["otel.name"], "orders.placed publish");
+        assert_eq!(p["otel.kind"], "producer");
+        assert_eq!(p[ATTR_SYSTEM], "rabbitmq");
+        assert_eq!(p[ATTR_DESTINATION], "orders.placed");
+        assert_eq!(p[ATTR_OPERATION], "publish");
+        assert_eq!(p[ATTR_MESSAGE_ID], "m-1");
+        assert_eq!(p[ATTR_ROUTING_KEY], "orders.placed");
+        assert_eq!(p[ATTR_MESSAGE_TYPE], "OrderPlaced");
+        assert_eq!(p[ATTR_OUTCOME], "unroutable");
+        assert_eq!(p["otel.status_code"], "ERROR");
+        assert_eq!(p["trace_id"], ctx.trace_id_hex());
+        assert_eq!(p["span_id"], ctx.span_id_hex());
+        assert!(!p.contains_key("parent_span_id"));
+
+        let (name, c) = &spans[1];
+        assert_eq!(*name, "process");
+        assert_eq!(c["otel.name"], "orders.placed process");
+        assert_eq!(c["otel.kind"], "consumer");
+        assert_eq!(c[ATTR_OPERATION], "process");
+        assert_eq!(c[ATTR_ATTEMPT], "3");
+        assert_eq!(c[ATTR_OUTCOME], "acked");
+        assert!(!c.contains_key("otel.status_code"));
+        assert_eq!(c["parent_span_id"], "00f067aa0ba902b7");
+
+        assert_eq!(spans[2].1["otel.name"], "orders publish");
+        assert_eq!(spans[2].1[ATTR_DESTINATION], "orders");
+    }
+}
