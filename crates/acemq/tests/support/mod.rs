@@ -127,11 +127,15 @@ where
 
 /// Waits until a queue holds at least `n` ready messages; returns the count.
 pub async fn wait_for_count(t: &dyn Transport, queue: &str, n: u32, timeout: Duration) -> u32 {
-    eventually(timeout, &format!("{queue} to hold {n} messages"), || async {
-        match t.inspect_queue(queue).await {
-            Ok(info) if info.message_count >= n => Some(info.message_count),
-            _ => None,
-        }
-    })
+    eventually(
+        timeout,
+        &format!("{queue} to hold {n} messages"),
+        || async {
+            match t.inspect_queue(queue).await {
+                Ok(info) if info.message_count >= n => Some(info.message_count),
+                _ => None,
+            }
+        },
+    )
     .await
 }

@@ -532,9 +532,7 @@ impl Transport for AmqpTransport {
             if self.closed.swap(true, Ordering::AcqRel) {
                 return Ok(());
             }
-            self.publisher.shutdown().await;
-            self.idle.lock().unwrap_or_else(|e| e.into_inner()).clear();
-            *self.get_channel.lock().await = None;
+            self.publisher.refuse().await;
             let mut first_error = None;
             for conn in [self.publisher.connection(), &self.consume] {
                 if !conn.status().connected() {
@@ -545,6 +543,11 @@ impl Transport for AmqpTransport {
                     first_error.get_or_insert(from_lapin(e));
                 }
             }
+            // Only now drop the channels: dropping one sends channel.close, which would race
+            // with the connection close.
+            self.publisher.release().await;
+            self.idle.lock().unwrap_or_else(|e| e.into_inner()).clear();
+            *self.get_channel.lock().await = None;
             for w in &self.watchers {
                 w.abort();
             }

@@ -227,12 +227,16 @@ impl Publisher {
         })
     }
 
-    /// Refuses further publishes and lets the collector finish (the connection is closed by
-    /// the caller, which rejects whatever is still unconfirmed).
-    pub(crate) async fn shutdown(&self) {
-        let mut state = self.state.lock().await;
-        state.closed = true;
-        state.live = None;
+    /// Refuses further publishes. The channel is kept until [`Publisher::release`]: dropping
+    /// its last handle sends `channel.close`, which would race with the connection close.
+    pub(crate) async fn refuse(&self) {
+        self.state.lock().await.closed = true;
+    }
+
+    /// Drops the publisher channel; its collector finishes once every confirm is answered
+    /// (closing the connection rejects whatever was still unconfirmed).
+    pub(crate) async fn release(&self) {
+        self.state.lock().await.live = None;
     }
 }
 
