@@ -558,3 +558,26 @@ async fn a_connection_closed_by_the_broker_reports_disconnected() {
         .expect("watch open");
     t2.close().await.ok();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_right_after_dropping_a_subscription_is_clean() {
+    let Some((_, t)) = broker().await else {
+        return;
+    };
+    let q = classic_queue(&t, "amqp-drop-close").await;
+    for _ in 0..3 {
+        let sub = t.consume(spec(&q, 1)).await.expect("consume");
+        drop(sub);
+    }
+    t.delete_queue(&q).await.expect("delete");
+    let sub = t
+        .consume(spec(&support::unique("amqp-drop-close.none"), 1))
+        .await;
+    assert!(matches!(
+        sub.map(drop),
+        Err(TransportError::NotFound { .. })
+    ));
+    let sub = t.consume(spec(&q, 1)).await;
+    assert!(sub.is_err());
+    t.close().await.expect("close");
+}

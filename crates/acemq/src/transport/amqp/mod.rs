@@ -538,9 +538,17 @@ impl Transport for AmqpTransport {
                 if !conn.status().connected() {
                     continue;
                 }
-                if let Err(e) = conn.close(200, "OK".into()).await {
-                    debug!(error = %e, "closing a connection failed");
-                    first_error.get_or_insert(from_lapin(e));
+                match conn.close(200, "OK".into()).await.map_err(from_lapin) {
+                    Ok(()) => {}
+                    // A channel closing at the same moment (a subscription dropped just
+                    // before) can fail the close handshake; the connection is gone either way.
+                    Err(TransportError::Closed { detail }) => {
+                        debug!(%detail, "connection close raced with a channel close");
+                    }
+                    Err(e) => {
+                        debug!(error = %e, "closing a connection failed");
+                        first_error.get_or_insert(e);
+                    }
                 }
             }
             // Only now drop the channels: dropping one sends channel.close, which would race

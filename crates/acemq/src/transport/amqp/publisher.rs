@@ -189,7 +189,7 @@ impl Publisher {
         let pending = Pending {
             message_id,
             exchange: exchange_hash,
-            published: Instant::now(),
+            published: started,
             confirm,
             reply: Some(reply),
         };
@@ -397,7 +397,7 @@ async fn collect(
             .find(|p| p.reply.is_some())
             .map(|p| p.published + confirm_timeout);
         if let Some(d) = deadline
-            && armed != Some(d)
+            && armed.is_none_or(|at| at > d)
         {
             sleep.as_mut().reset(d);
             armed = Some(d);
