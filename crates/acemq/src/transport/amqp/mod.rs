@@ -532,19 +532,30 @@ impl Transport for AmqpTransport {
             if self.closed.swap(true, Ordering::AcqRel) {
                 return Ok(());
             }
-            self.publisher.shutdown().await;
-            self.idle.lock().unwrap_or_else(|e| e.into_inner()).clear();
-            *self.get_channel.lock().await = None;
+            self.publisher.refuse().await;
             let mut first_error = None;
             for conn in [self.publisher.connection(), &self.consume] {
                 if !conn.status().connected() {
                     continue;
                 }
-                if let Err(e) = conn.close(200, "OK".into()).await {
-                    debug!(error = %e, "closing a connection failed");
-                    first_error.get_or_insert(from_lapin(e));
+                match conn.close(200, "OK".into()).await.map_err(from_lapin) {
+                    Ok(()) => {}
+                    // A channel closing at the same moment (a subscription dropped just
+                    // before) can fail the close handshake; the connection is gone either way.
+                    Err(TransportError::Closed { detail }) => {
+                        debug!(%detail, "connection close raced with a channel close");
+                    }
+                    Err(e) => {
+                        debug!(error = %e, "closing a connection failed");
+                        first_error.get_or_insert(e);
+                    }
                 }
             }
+            // Only now drop the channels: dropping one sends channel.close, which would race
+            // with the connection close.
+            self.publisher.release().await;
+            self.idle.lock().unwrap_or_else(|e| e.into_inner()).clear();
+            *self.get_channel.lock().await = None;
             for w in &self.watchers {
                 w.abort();
             }

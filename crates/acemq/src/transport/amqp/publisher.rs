@@ -30,10 +30,15 @@
 //!   exchange the error names gets [`TransportError::NotFound`]; the others rejected with it
 //!   get [`TransportError::Closed`] (they were discarded, not refused). The next publish
 //!   sees the channel closed and opens a new one.
-//! * **Blocked connection.** The caller checks the blocked state before publishing (nothing is
-//!   sent then). If the broker blocks the connection while this publish's frames are still
-//!   queued in lapin, the frames stay queued and go out once it unblocks, so that publish is
-//!   reported in doubt ([`TransportError::ConfirmTimeout`]) instead of hanging.
+//! * **Blocked connection.** A publish checks the blocked state first and is refused with
+//!   [`TransportError::Blocked`] while it is set (nothing is sent). RabbitMQ 3.10 sends
+//!   `connection.blocked` only when a connection publishes after the alarm went off, so the
+//!   first publish after an alarm is always written; the broker then withholds its confirm
+//!   until the alarm clears (observed), and the message is routed after the unblock. That
+//!   publish, and any other unconfirmed one, is answered in doubt
+//!   ([`TransportError::ConfirmTimeout`]) as soon as the block is seen, instead of after
+//!   `confirm_timeout`. If the block arrives while a publish's frames are still queued in
+//!   lapin, they stay queued and go out after the unblock: that publish is in doubt too.
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{HashMap, VecDeque};
@@ -43,7 +48,7 @@ use std::time::Duration;
 use futures::FutureExt;
 use lapin::Confirmation as LapinConfirmation;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
-use lapin::{Channel, Connection, PublisherConfirm};
+use lapin::{Channel, Connection, ConnectionStatus, PublisherConfirm};
 use tokio::sync::{Mutex, mpsc, oneshot, watch};
 use tokio::time::Instant;
 use tracing::{debug, warn};
@@ -60,8 +65,8 @@ struct Pending {
     message_id: Option<String>,
     /// A hash of the exchange, to tell which publish a channel close was about.
     exchange: u64,
-    /// When the publish is reported in doubt.
-    deadline: Instant,
+    /// When the frames were written (the confirm deadline is `confirm_timeout` later).
+    published: Instant,
     confirm: PublisherConfirm,
     /// `None` once answered (by a timeout).
     reply: Option<Reply>,
@@ -161,7 +166,7 @@ impl Publisher {
         if let Some(reason) = self.blocked(&state.status) {
             return Err(TransportError::Blocked { reason });
         }
-        let live = self.live(&mut state.live).await?;
+        let live = self.live(&mut state.live, &state.status).await?;
         state.status.mark_unchanged();
         let started = Instant::now();
         let written = {
@@ -184,7 +189,7 @@ impl Publisher {
         let pending = Pending {
             message_id,
             exchange: exchange_hash,
-            deadline: Instant::now() + self.confirm_timeout,
+            published: started,
             confirm,
             reply: Some(reply),
         };
@@ -205,7 +210,11 @@ impl Publisher {
 
     /// The live publisher channel, opening a new one (with its collector) when there is none
     /// or the last one was closed.
-    async fn live<'a>(&self, live: &'a mut Option<Live>) -> Result<&'a Live, TransportError> {
+    async fn live<'a>(
+        &self,
+        live: &'a mut Option<Live>,
+        status: &watch::Receiver<TransportStatus>,
+    ) -> Result<&'a Live, TransportError> {
         let healthy = live
             .as_ref()
             .is_some_and(|l| l.channel.status().connected());
@@ -219,7 +228,13 @@ impl Publisher {
                 .await
                 .map_err(from_lapin)?;
             let (collector, incoming) = mpsc::unbounded_channel();
-            tokio::spawn(collect(channel.clone(), incoming, self.confirm_timeout));
+            tokio::spawn(collect(
+                channel.clone(),
+                incoming,
+                self.confirm_timeout,
+                self.conn.status().clone(),
+                status.clone(),
+            ));
             *live = Some(Live { channel, collector });
         }
         live.as_ref().ok_or_else(|| TransportError::Closed {
@@ -227,12 +242,16 @@ impl Publisher {
         })
     }
 
-    /// Refuses further publishes and lets the collector finish (the connection is closed by
-    /// the caller, which rejects whatever is still unconfirmed).
-    pub(crate) async fn shutdown(&self) {
-        let mut state = self.state.lock().await;
-        state.closed = true;
-        state.live = None;
+    /// Refuses further publishes. The channel is kept until [`Publisher::release`]: dropping
+    /// its last handle sends `channel.close`, which would race with the connection close.
+    pub(crate) async fn refuse(&self) {
+        self.state.lock().await.closed = true;
+    }
+
+    /// Drops the publisher channel; its collector finishes once every confirm is answered
+    /// (closing the connection rejects whatever was still unconfirmed).
+    pub(crate) async fn release(&self) {
+        self.state.lock().await.live = None;
     }
 }
 
@@ -301,19 +320,54 @@ struct Done {
     own_return: Option<(u16, String)>,
 }
 
+// A short-lived stack value, once per collector turn: boxing the confirmation would cost an
+// allocation per confirm for nothing.
+#[allow(clippy::large_enum_variant)]
 enum Event {
     Front(lapin::Result<LapinConfirmation>),
     Incoming(Option<Pending>),
     Deadline,
+    Status(bool),
+}
+
+fn in_doubt(p: &Pending, now: Instant) -> TransportError {
+    TransportError::ConfirmTimeout {
+        millis: now
+            .saturating_duration_since(p.published)
+            .as_millis()
+            .try_into()
+            .unwrap_or(u64::MAX),
+    }
+}
+
+/// Answers every unanswered publish in `queue` as in doubt, keeping the confirms (a return
+/// they carry later still reaches the map).
+fn answer_in_doubt(queue: &mut VecDeque<Pending>, now: Instant, only_before: Option<Instant>) {
+    for p in queue.iter_mut() {
+        if only_before.is_some_and(|limit| p.published > limit) {
+            break;
+        }
+        if let Some(reply) = p.reply.take() {
+            let _ = reply.send(Err(in_doubt(p, now)));
+        }
+    }
 }
 
 /// The confirm collector of one publisher channel. Ends when the publisher dropped its
 /// sender and every confirm has resolved.
+///
+/// While the connection is blocked the broker confirms nothing (observed on 3.10: the
+/// publish that makes RabbitMQ send `connection.blocked` is written, then its confirm waits
+/// for the unblock), so every unanswered publish is answered in doubt as soon as the block is
+/// seen, rather than after `confirm_timeout`.
 async fn collect(
     channel: Channel,
     mut incoming: mpsc::UnboundedReceiver<Pending>,
     confirm_timeout: Duration,
+    connection: ConnectionStatus,
+    mut status: watch::Receiver<TransportStatus>,
 ) {
+    let mut watching = true;
     let mut queue: VecDeque<Pending> = VecDeque::new();
     let mut returns = Returns::default();
     let mut batch: Vec<Done> = Vec::new();
@@ -335,9 +389,15 @@ async fn collect(
         while let Ok(p) = incoming.try_recv() {
             queue.push_back(p);
         }
-        let deadline = queue.iter().find(|p| p.reply.is_some()).map(|p| p.deadline);
+        if connection.blocked() {
+            answer_in_doubt(&mut queue, Instant::now(), None);
+        }
+        let deadline = queue
+            .iter()
+            .find(|p| p.reply.is_some())
+            .map(|p| p.published + confirm_timeout);
         if let Some(d) = deadline
-            && armed != Some(d)
+            && armed.is_none_or(|at| at > d)
         {
             sleep.as_mut().reset(d);
             armed = Some(d);
@@ -351,6 +411,7 @@ async fn collect(
                 r = &mut front.confirm => Event::Front(r),
                 p = incoming.recv(), if open => Event::Incoming(p),
                 () = &mut sleep, if deadline.is_some() => Event::Deadline,
+                changed = status.changed(), if watching => Event::Status(changed.is_ok()),
             }
         };
         match event {
@@ -359,14 +420,12 @@ async fn collect(
             Event::Deadline => {
                 armed = None;
                 let now = Instant::now();
-                for p in queue.iter_mut().filter(|p| p.deadline <= now) {
-                    if let Some(reply) = p.reply.take() {
-                        let _ = reply.send(Err(TransportError::ConfirmTimeout {
-                            millis: confirm_timeout.as_millis().try_into().unwrap_or(u64::MAX),
-                        }));
-                    }
+                if let Some(limit) = now.checked_sub(confirm_timeout) {
+                    answer_in_doubt(&mut queue, now, Some(limit));
                 }
             }
+            // The loop checks the blocked flag on every turn.
+            Event::Status(open) => watching = open,
             Event::Front(result) => {
                 if let Some(pending) = queue.pop_front() {
                     batch.push(Done {
