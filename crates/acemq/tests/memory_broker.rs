@@ -473,5 +473,3 @@ fn expiry_survives_the_runtime_that_started_it() {
         .await;
     });
 }
-
-

@@ -7,7 +7,11 @@
 //!   channel could pair a `PublisherConfirm` with the other message. Calls are serialized
 //!   under an async mutex that is held only until lapin has written the frames; the confirm
 //!   is awaited outside it, so publishes pipeline.
-//! * **Returns are matched by `message_id`.** lapin hands a `basic.return` to whichever
+//! * **Returns are matched by `message_id`, exchange and routing key.** The engine
+//!   republishes a message under its own id (a retry hop, a dead letter), so the id alone
+//!   can name two publishes in flight at once; the destination tells them apart. A return
+//!   that lapin attached to a publish with the same key is that publish's own. lapin hands
+//!   a `basic.return` to whichever
 //!   pending confirm completes next, and a `multiple=true` ack completes its tags in
 //!   `HashMap` order, so a return can ride on another publish's confirm. Every confirm goes,
 //!   in publish order, to a collector task (one per publisher channel). When the oldest one
@@ -61,7 +65,7 @@ type Reply = oneshot::Sender<Result<Confirmation, TransportError>>;
 
 /// One publish waiting for its confirm, in the collector's FIFO.
 struct Pending {
-    /// The publish's `message_id`, to match returns.
+    /// `message_id`, exchange and routing key, to match returns (`None` without an id).
     message_id: Option<String>,
     /// A hash of the exchange, to tell which publish a channel close was about.
     exchange: u64,
@@ -147,9 +151,13 @@ impl Publisher {
         crate::transport::check_short(&m.exchange)?;
         crate::transport::check_short(&m.routing_key)?;
         let exchange_hash = exchange_tag(&m.exchange);
+        let message_id = m
+            .properties
+            .message_id
+            .as_deref()
+            .map(|id| return_key(id, &m.exchange, &m.routing_key));
         let exchange = convert::short("exchange", m.exchange)?;
         let routing_key = convert::short("routing key", m.routing_key)?;
-        let message_id = m.properties.message_id.clone();
         let properties = convert::to_basic(m.properties)?;
         let options = BasicPublishOptions {
             mandatory: m.mandatory,
@@ -277,13 +285,10 @@ struct Returns {
 
 impl Returns {
     fn add(&mut self, ret: lapin::message::BasicReturnMessage) -> Option<(u16, String)> {
-        let what = (ret.reply_code, ret.reply_text.as_str().to_owned());
-        match ret.delivery.properties.message_id() {
-            Some(id) => {
-                self.by_id
-                    .entry(id.as_str().to_owned())
-                    .or_default()
-                    .push_back(what);
+        let (key, what) = split_return(ret);
+        match key {
+            Some(key) => {
+                self.by_id.entry(key).or_default().push_back(what);
                 None
             }
             None => Some(what),
@@ -484,17 +489,36 @@ fn barrier(channel: &Channel, returns: &mut Returns) {
     }
 }
 
+/// The key a return is matched by (`None` without a message id) and what it says.
+fn split_return(ret: lapin::message::BasicReturnMessage) -> (Option<String>, (u16, String)) {
+    let key = ret.delivery.properties.message_id().as_ref().map(|id| {
+        return_key(
+            id.as_str(),
+            ret.delivery.exchange.as_str(),
+            ret.delivery.routing_key.as_str(),
+        )
+    });
+    (key, (ret.reply_code, ret.reply_text.as_str().to_owned()))
+}
+
+/// `message_id`, exchange and routing key, joined with a separator no AMQP short string
+/// field relies on.
+fn return_key(message_id: &str, exchange: &str, routing_key: &str) -> String {
+    format!("{message_id}\u{0}{exchange}\u{0}{routing_key}")
+}
+
 /// Answers every publish in `batch`, in publish order.
 fn answer(batch: &mut Vec<Done>, returns: &mut Returns) {
     for done in batch.iter_mut() {
         if let Ok(LapinConfirmation::Ack(ret) | LapinConfirmation::Nack(ret)) = &mut done.result
             && let Some(ret) = ret.take()
-            && let Some(anonymous) = returns.add(ret)
         {
-            if done.pending.message_id.is_none() {
-                done.own_return = Some(anonymous);
-            } else {
-                returns.anonymous.push_back(anonymous);
+            let (key, what) = split_return(ret);
+            match key {
+                // lapin attached it to its own publish (or one without an id): keep it there.
+                k if k == done.pending.message_id => done.own_return = Some(what),
+                Some(k) => returns.by_id.entry(k).or_default().push_back(what),
+                None => returns.anonymous.push_back(what),
             }
         }
     }
@@ -508,7 +532,7 @@ fn answer(batch: &mut Vec<Done>, returns: &mut Returns) {
             Ok(LapinConfirmation::Nack(_)) => Ok(Confirmation::Nacked),
             Ok(_) => {
                 let returned = match &pending.message_id {
-                    Some(id) => returns.take(id),
+                    Some(key) => own_return.or_else(|| returns.take(key)),
                     None => own_return.or_else(|| returns.anonymous.pop_front()),
                 };
                 Ok(match returned {
