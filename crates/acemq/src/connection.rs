@@ -11,6 +11,7 @@ use tokio::sync::Semaphore;
 
 use crate::envelope::{DEFAULT_CLIENT_NAME, origin_for};
 use crate::error::Error;
+use crate::health::{Health, HealthContributor, HealthRegistry, connection_report};
 use crate::intercept::Interceptors;
 use crate::lifecycle::Lifecycle;
 use crate::topology::Topology;
@@ -20,6 +21,22 @@ use crate::transport::{Transport, TransportStatus};
 
 /// The default window of publishes awaiting their confirm, per connection.
 pub const DEFAULT_MAX_OUTSTANDING_CONFIRMS: usize = 1000;
+
+/// What this library can do, as `/acemq-info` reports it (only what has an API behind it).
+pub const CAPABILITIES: &[&str] = &[
+    "publisher-confirms",
+    "mandatory-publish",
+    "retry-ladder",
+    "dead-letter",
+    "parking",
+    "replay",
+    "idempotency",
+    "interceptors",
+    "pause-drain",
+    "health",
+    "metrics",
+    "trace-context",
+];
 
 /// How a connection is set up.
 ///
@@ -84,6 +101,7 @@ pub(crate) struct Shared {
     pub(crate) publishing_paused: AtomicBool,
     pub(crate) lifecycle: Lifecycle,
     pub(crate) interceptors: Interceptors,
+    pub(crate) health: HealthRegistry,
 }
 
 impl std::fmt::Debug for Shared {
@@ -131,6 +149,7 @@ impl Connection {
                 publishing_paused: AtomicBool::new(false),
                 lifecycle: Lifecycle::default(),
                 interceptors: Interceptors::default(),
+                health: HealthRegistry::new(),
             }),
         }
     }
@@ -153,6 +172,69 @@ impl Connection {
     /// Connected / blocked, answered locally.
     pub fn status(&self) -> TransportStatus {
         self.shared.transport.status()
+    }
+
+    /// The health of this connection and of every registered contributor, from local
+    /// state only (never a broker round trip, so it answers at once even while the broker
+    /// blocks the connection). The `connection` report is Down only when the connection is
+    /// closed; a blocked connection is Up with `blocked` and `blockedReason`.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), acemq::Error> {
+    /// use acemq::health::HealthStatus;
+    /// let mq = acemq::Connection::connect("memory://doc-health").await?;
+    /// let health = mq.health();
+    /// assert_eq!(health.status, HealthStatus::Up);
+    /// assert_eq!(health.report("connection").unwrap().detail("blocked"), Some("false"));
+    /// # Ok(()) }
+    /// ```
+    pub fn health(&self) -> Health {
+        let lifecycle = &self.shared.lifecycle;
+        let mut extra = vec![
+            ("transport", self.transport_kind().to_owned()),
+            ("inFlight", lifecycle.in_flight().to_string()),
+            ("held", lifecycle.held().to_string()),
+        ];
+        if lifecycle.consuming_paused() {
+            extra.push(("consuming", "paused".into()));
+        }
+        if self.shared.publishing_paused.load(Ordering::SeqCst) {
+            extra.push(("publishing", "paused".into()));
+        }
+        self.shared
+            .health
+            .evaluate_with([connection_report(&self.status(), &extra)])
+    }
+
+    /// Adds a component to [`Connection::health`]. A contributor that errors or panics
+    /// reports Down under its own name; it never takes the rest of the report with it.
+    pub fn register_health(&self, contributor: impl HealthContributor + 'static) {
+        self.shared.health.register(Arc::new(contributor));
+    }
+
+    /// Serves `/acemq-health`, `/acemq-metrics` and `/acemq-info` for this connection on
+    /// `addr` (the family's default is `127.0.0.1:9464`). Metrics are rendered from the
+    /// Prometheus recorder the actuator installs when `install_recorder` is true (the
+    /// library never installs one otherwise).
+    #[cfg(feature = "actuator")]
+    pub async fn start_actuator(
+        &self,
+        addr: std::net::SocketAddr,
+        install_recorder: bool,
+    ) -> Result<crate::actuator::ActuatorHandle, crate::actuator::ActuatorError> {
+        let (health, in_flight) = (self.clone(), self.clone());
+        let mut builder = crate::actuator::Actuator::builder()
+            .bind(addr)
+            .health(move || health.health())
+            .in_flight(move || in_flight.in_flight() as u64)
+            .info(crate::actuator::InfoDoc::new(
+                self.transport_kind(),
+                CAPABILITIES.iter().map(|c| (*c).to_owned()).collect(),
+            ));
+        if install_recorder {
+            builder = builder.install_prometheus_recorder();
+        }
+        builder.start().await
     }
 
     /// Declares every exchange, queue and binding of a topology, in that order.

@@ -21,7 +21,10 @@ use crate::envelope::{Envelope, check_application_headers};
 use crate::error::Error;
 use crate::headers::Headers;
 use crate::intercept::PublishContext;
+use crate::observe::metrics::{PublishMetrics, PublishOutcome};
+use crate::observe::trace::{self, TraceContext};
 use crate::transport::{Confirmation, Outbound, PendingConfirm, Properties, TransportError};
+use tracing::Instrument;
 
 /// What a confirmed publish returns.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -151,6 +154,7 @@ pub struct Publisher<T: ?Sized> {
     encoder: Arc<dyn Encoder<T>>,
     mandatory: bool,
     persistent: bool,
+    metrics: Arc<PublishMetrics>,
     _payload: PhantomData<fn(&T)>,
 }
 
@@ -163,6 +167,7 @@ impl<T: ?Sized> Clone for Publisher<T> {
             encoder: self.encoder.clone(),
             mandatory: self.mandatory,
             persistent: self.persistent,
+            metrics: self.metrics.clone(),
             _payload: PhantomData,
         }
     }
@@ -204,10 +209,17 @@ impl Connection {
         T: ?Sized + 'static,
         E: Encoder<T>,
     {
+        let (exchange, routing_key) = (exchange.into(), routing_key.into());
+        let message_type = if routing_key.is_empty() {
+            "message".to_owned()
+        } else {
+            routing_key.clone()
+        };
         Publisher {
             shared: self.shared.clone(),
-            exchange: exchange.into(),
-            routing_key: routing_key.into(),
+            metrics: Arc::new(PublishMetrics::new(&exchange, &routing_key, message_type)),
+            exchange,
+            routing_key,
             encoder: Arc::new(encoder),
             mandatory: true,
             persistent: true,
@@ -242,12 +254,30 @@ impl<T: ?Sized + 'static> Publisher<T> {
         options: SendOptions,
     ) -> Result<PublishResult, Error> {
         let started = Instant::now();
-        let outbound = self.build(payload, options)?;
-        let in_flight = self.start(outbound, None).await?;
-        in_flight.finish(started).await
+        let (outbound, span) = self.build(payload, options)?;
+        let result = async { self.start(outbound, None).await?.finish(started).await }
+            .instrument(span.clone())
+            .await;
+        let outcome = self.record(&result, started);
+        trace::record_publish_outcome(&span, outcome);
+        result
     }
 
-    fn build(&self, payload: &T, mut o: SendOptions) -> Result<Outbound, Error> {
+    /// Records the family's publish metric for one result; returns its outcome.
+    fn record(&self, result: &Result<PublishResult, Error>, started: Instant) -> PublishOutcome {
+        let outcome = match result {
+            Ok(_) => PublishOutcome::Confirmed,
+            Err(e) if e.is_refused() => PublishOutcome::Refused,
+            Err(Error::Unroutable { .. }) => PublishOutcome::Unroutable,
+            Err(_) => PublishOutcome::Failed,
+        };
+        self.metrics.record(outcome, started.elapsed());
+        outcome
+    }
+
+    /// The message to send, with a trace context (a child of the handler's when publishing
+    /// from inside one) injected as `traceparent`, and its publish span.
+    fn build(&self, payload: &T, mut o: SendOptions) -> Result<(Outbound, tracing::Span), Error> {
         o.persistent = o.persistent.or(Some(self.persistent));
         let chain = self.shared.interceptors.publish_chain();
         let mut out = prepare_with(
@@ -270,7 +300,21 @@ impl<T: ?Sized + 'static> Publisher<T> {
             },
         )?;
         out.mandatory = self.mandatory;
-        Ok(out)
+        let (context, parent) = TraceContext::for_publish();
+        context.inject(&mut out.properties.headers);
+        let span = trace::publish_span(
+            &self.exchange,
+            &self.routing_key,
+            out.properties.message_id.as_deref().unwrap_or_default(),
+            out.properties
+                .headers
+                .get(crate::envelope::TYPE)
+                .and_then(crate::headers::HeaderValue::as_str)
+                .unwrap_or_default(),
+            &context,
+            parent.as_ref(),
+        );
+        Ok((out, span))
     }
 
     async fn start(
@@ -300,7 +344,7 @@ impl<T: Sized + 'static> Publisher<T> {
         let mut results: Vec<Result<PublishResult, Error>> = Vec::with_capacity(total);
         for payload in payloads {
             let outbound = match self.build(payload, SendOptions::default()) {
-                Ok(o) => o,
+                Ok((o, _span)) => o,
                 Err(e) => {
                     pending.push_back(Err(e));
                     continue;
@@ -325,6 +369,9 @@ impl<T: Sized + 'static> Publisher<T> {
                 Ok(f) => f.finish(started).await,
                 Err(e) => Err(e),
             });
+        }
+        for r in &results {
+            self.record(r, started);
         }
         let failed = results.iter().filter(|r| r.is_err()).count();
         let mut ok = Vec::with_capacity(total);

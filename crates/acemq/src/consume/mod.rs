@@ -16,7 +16,7 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use serde::de::DeserializeOwned;
@@ -34,11 +34,13 @@ use crate::envelope::{Envelope, application_headers};
 use crate::error::Error;
 use crate::intercept::{ConsumeContext, HandleResult};
 use crate::lifecycle::{ConsumerControl, Gate, Lifecycle};
+use crate::observe::trace::{self, TraceContext};
 use crate::retry::RetryPolicy;
 use crate::topology::Topology;
 use crate::transport::{ConsumeSpec, Delivery, Subscription};
-use settle::{Outcome, Settler, decide};
+use settle::{ConsumerMetrics, Outcome, Settler, decide};
 use stats::Stats;
+use tracing::Instrument;
 
 /// The default prefetch window.
 pub const DEFAULT_PREFETCH: u16 = 50;
@@ -48,7 +50,7 @@ pub const DEFAULT_PREFETCH: u16 = 50;
 /// ```
 /// use acemq::consume::ConsumerOptions;
 /// use acemq::retry::RetryPolicy;
-/// use std::time::Duration;
+/// use std::time::{Duration, Instant};
 /// let o = ConsumerOptions::default()
 ///     .prefetch(20)
 ///     .concurrency(4)
@@ -225,6 +227,7 @@ impl Connection {
                 queue: queue.clone(),
                 stats: stats.clone(),
                 closing: closing.clone(),
+                metrics: ConsumerMetrics::new(queue.clone()),
             },
             decoder: Arc::new(decoder),
             handler,
@@ -351,6 +354,18 @@ where
         return;
     }
     ctx.lifecycle().handler_started();
+    let started = Instant::now();
+    let metrics = ctx.settler.metrics.for_type(envelope.message_type());
+    metrics.in_flight(1);
+    let (trace_ctx, parent) = TraceContext::for_process(&d.properties.headers);
+    let span = trace::process_span(
+        &ctx.settler.queue,
+        envelope.id(),
+        envelope.message_type(),
+        u32::try_from(envelope.attempt()).unwrap_or(1),
+        &trace_ctx,
+        parent.as_ref(),
+    );
     let outcome = match decoded {
         Err(e) => Outcome::Undecodable(decode_reason(e)),
         Ok(payload) => {
@@ -376,7 +391,9 @@ where
                         content_type,
                         cancellation: ctx.settler.closing.child_token(),
                     };
-                    run_handler(&ctx.handler, message).await
+                    trace::scope(trace_ctx, run_handler(&ctx.handler, message))
+                        .instrument(span.clone())
+                        .await
                 }
             };
             let result = match &outcome {
@@ -395,7 +412,10 @@ where
         ctx.policy.as_ref(),
         ctx.no_policy_delay,
     );
-    ctx.settler.settle(d, &envelope, decision).await;
+    ctx.settler
+        .settle(d, &envelope, decision, started, &span)
+        .await;
+    metrics.in_flight(-1);
     ctx.lifecycle().handler_finished();
     ctx.in_flight.fetch_sub(1, Ordering::SeqCst);
 }

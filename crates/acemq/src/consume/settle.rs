@@ -9,8 +9,9 @@
 //! handed back with requeue and `set_aside_failed` is counted. Nothing is ever acked into
 //! nothing, and a failed move never closes the consumer's channel.
 
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
@@ -19,10 +20,12 @@ use super::stats::{Counter, Stats};
 use crate::connection::Shared;
 use crate::envelope::{self, Envelope};
 use crate::headers::HeaderValue;
+use crate::observe::metrics::ConsumeMetrics;
+use crate::observe::trace;
 use crate::publish::publish_on_behalf;
 use crate::retry::{RetryPolicy, Wait};
 use crate::topology::{dead_letter_queue, parked_queue, render_delay, retry_queue};
-use crate::transport::{Confirmation, Delivery, Outbound, Settlement};
+use crate::transport::{Confirmation, Delivery, Outbound, Settlement, TransportError};
 
 /// Reason texts are cut to this many bytes (with a marker) so a republish never outgrows
 /// the broker's frame size.
@@ -179,11 +182,6 @@ pub fn bounded(reason: String) -> String {
     format!("{}{MARKER}", &reason[..end])
 }
 
-const REQUEUE: Settlement = Settlement::Nack {
-    multiple: false,
-    requeue: true,
-};
-
 /// Carries decisions out for one consumer.
 #[derive(Debug)]
 pub(crate) struct Settler {
@@ -193,24 +191,30 @@ pub(crate) struct Settler {
     /// Cancelled when the consumer closes: an in-consumer wait ends and the message is
     /// requeued with its attempt unchanged.
     pub(crate) closing: CancellationToken,
+    pub(crate) metrics: ConsumerMetrics,
 }
 
 impl Settler {
-    /// Settles one delivery according to `decision`.
-    pub(crate) async fn settle(&self, d: Delivery, envelope: &Envelope, decision: Decision) {
-        match decision {
-            Decision::Ack => {
-                self.finish(&d, Settlement::Ack { multiple: false }, Counter::Acked)
-                    .await
-            }
-            Decision::Release => self.requeue(&d, Counter::Released).await,
+    /// Settles one delivery according to `decision`, and records what happened — in the
+    /// consumer's counters, the family's metrics and the processing span — in one place.
+    pub(crate) async fn settle(
+        &self,
+        d: Delivery,
+        envelope: &Envelope,
+        decision: Decision,
+        started: Instant,
+        span: &tracing::Span,
+    ) {
+        let counter = match decision {
+            Decision::Ack => self.send(&d, ACK, Counter::Acked).await,
+            Decision::Release => self.send(&d, REQUEUE, Counter::Released).await,
             Decision::Park { reason } => {
                 let mut copy = self.copy_as_delivered(&d, &parked_queue(&self.queue));
                 copy.properties
                     .headers
                     .insert(envelope::ERROR.into(), HeaderValue::Str(reason));
                 copy.properties.expiration = None;
-                self.move_then_ack(&d, copy, Counter::Parked).await;
+                self.move_then_ack(&d, copy, Counter::Parked).await
             }
             Decision::DeadLetter { reason, kind } => {
                 let target = dead_letter_queue(&self.queue);
@@ -220,58 +224,59 @@ impl Settler {
                     DeadLetterKind::Unprocessable => Counter::Rejected,
                     DeadLetterKind::Exhausted | DeadLetterKind::Requested => Counter::DeadLettered,
                 };
-                self.move_then_ack(&d, copy, counter).await;
+                self.move_then_ack(&d, copy, counter).await
             }
-            Decision::Retry(wait) => self.retry(d, envelope, wait).await,
+            Decision::Retry(wait) => self.retry(&d, envelope, wait).await,
+        };
+        self.stats.add(counter);
+        if let Some(outcome) = counter.outcome() {
+            self.metrics
+                .for_type(envelope.message_type())
+                .record(outcome, started.elapsed());
+            trace::record_consume_outcome(span, outcome);
         }
     }
 
     /// Hands a delivery back with requeue because the consumer is closing (never acked,
     /// never dead-lettered).
     pub(crate) async fn hand_back(&self, d: &Delivery) {
-        self.requeue(d, Counter::RequeuedOnClose).await;
+        let counter = self.send(d, REQUEUE, Counter::RequeuedOnClose).await;
+        self.stats.add(counter);
     }
 
-    async fn retry(&self, d: Delivery, envelope: &Envelope, wait: Wait) {
+    async fn retry(&self, d: &Delivery, envelope: &Envelope, wait: Wait) -> Counter {
         let next = envelope
             .clone()
             .with_attempt(envelope.attempt().saturating_add(1));
         if wait.in_broker {
             let rung = retry_queue(&self.queue, wait.delay);
-            let copy = self.copy(&d, &rung, next.clone());
-            match publish_on_behalf(&self.shared, copy).await {
-                Ok(Confirmation::Routed) => {
-                    return self
-                        .finish(&d, Settlement::Ack { multiple: false }, Counter::Retried)
-                        .await;
-                }
+            match publish_on_behalf(&self.shared, self.copy(d, &rung, next.clone())).await {
+                Ok(Confirmation::Routed) => return self.send(d, ACK, Counter::Retried).await,
                 Ok(Confirmation::Unroutable { .. }) => {
                     // The rung does not exist: count it and wait here instead.
                     self.stats.add(Counter::RungMissing);
+                    self.metrics.any().rung_missing(&rung);
                     tracing::warn!(queue = %self.queue, rung = %rung, "retry rung missing; waiting in the consumer instead");
                 }
-                other => return self.set_aside_failed(&d, &rung, other).await,
+                other => return self.set_aside_failed(d, &rung, other).await,
             }
         }
         tokio::select! {
             biased;
             _ = self.closing.cancelled() => {
-                return self.requeue(&d, Counter::RequeuedOnClose).await;
+                return self.send(d, REQUEUE, Counter::RequeuedOnClose).await;
             }
             _ = tokio::time::sleep(wait.delay) => {}
         }
-        let copy = self.copy(&d, &self.queue, next);
-        self.move_then_ack(&d, copy, Counter::Retried).await;
+        self.move_then_ack(d, self.copy(d, &self.queue, next), Counter::Retried)
+            .await
     }
 
     /// Publishes the copy; acks the original only once the copy is confirmed and routed.
-    async fn move_then_ack(&self, d: &Delivery, copy: Outbound, counter: Counter) {
+    async fn move_then_ack(&self, d: &Delivery, copy: Outbound, counter: Counter) -> Counter {
         let target = copy.routing_key.clone();
         match publish_on_behalf(&self.shared, copy).await {
-            Ok(Confirmation::Routed) => {
-                self.finish(d, Settlement::Ack { multiple: false }, counter)
-                    .await
-            }
+            Ok(Confirmation::Routed) => self.send(d, ACK, counter).await,
             other => self.set_aside_failed(d, &target, other).await,
         }
     }
@@ -280,10 +285,10 @@ impl Settler {
         &self,
         d: &Delivery,
         target: &str,
-        result: Result<Confirmation, crate::transport::TransportError>,
-    ) {
+        result: Result<Confirmation, TransportError>,
+    ) -> Counter {
         tracing::warn!(queue = %self.queue, target, ?result, "move not confirmed and routed; requeueing the original");
-        self.stats.add(Counter::SetAsideFailed);
+        self.metrics.any().set_aside_failed(target);
         // Hold it briefly so a missing target does not spin the message through the
         // consumer as fast as the broker can redeliver it.
         tokio::select! {
@@ -291,29 +296,18 @@ impl Settler {
             _ = self.closing.cancelled() => {}
             _ = tokio::time::sleep(SET_ASIDE_PAUSE) => {}
         }
-        self.send(d, REQUEUE, None).await;
+        self.send(d, REQUEUE, Counter::SetAsideFailed).await;
+        Counter::SetAsideFailed
     }
 
-    async fn requeue(&self, d: &Delivery, counter: Counter) {
-        self.send(d, REQUEUE, Some(counter)).await;
-    }
-
-    async fn finish(&self, d: &Delivery, s: Settlement, counter: Counter) {
-        self.send(d, s, Some(counter)).await;
-    }
-
-    /// Sends a settlement; counts `counter` when it reached the broker, `settle_failed`
-    /// when it did not (the broker will redeliver).
-    async fn send(&self, d: &Delivery, s: Settlement, counter: Option<Counter>) {
+    /// Sends a settlement: `counter` when it reached the broker, `SettleFailed` when it did
+    /// not (the broker will redeliver).
+    async fn send(&self, d: &Delivery, s: Settlement, counter: Counter) -> Counter {
         match d.acker.settle(s).await {
-            Ok(()) => {
-                if let Some(c) = counter {
-                    self.stats.add(c);
-                }
-            }
+            Ok(()) => counter,
             Err(e) => {
                 tracing::warn!(queue = %self.queue, error = %e, "settlement not sent; the broker will redeliver");
-                self.stats.add(Counter::SettleFailed);
+                Counter::SettleFailed
             }
         }
     }
@@ -335,5 +329,42 @@ impl Settler {
             properties: d.properties.clone(),
             body: d.body.clone(),
         }
+    }
+}
+
+const ACK: Settlement = Settlement::Ack { multiple: false };
+const REQUEUE: Settlement = Settlement::Nack {
+    multiple: false,
+    requeue: true,
+};
+
+/// The family's consume metrics of one consumer, one series set per message type.
+#[derive(Debug)]
+pub(crate) struct ConsumerMetrics {
+    queue: Arc<str>,
+    by_type: std::sync::Mutex<HashMap<String, Arc<ConsumeMetrics>>>,
+}
+
+impl ConsumerMetrics {
+    pub(crate) fn new(queue: Arc<str>) -> Self {
+        ConsumerMetrics {
+            queue,
+            by_type: std::sync::Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub(crate) fn for_type(&self, message_type: &str) -> Arc<ConsumeMetrics> {
+        let mut map = self.by_type.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(m) = map.get(message_type) {
+            return m.clone();
+        }
+        let m = Arc::new(ConsumeMetrics::new(&*self.queue, message_type));
+        map.insert(message_type.to_owned(), m.clone());
+        m
+    }
+
+    /// Series for events not tied to one message type (set-aside failures, missing rungs).
+    fn any(&self) -> Arc<ConsumeMetrics> {
+        self.for_type("")
     }
 }

@@ -2,6 +2,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::observe::metrics::ConsumeOutcome;
+
 /// A consumer's outcome counts since it started.
 ///
 /// ```
@@ -46,6 +48,20 @@ pub(crate) enum Counter {
     RungMissing,
     SettleFailed,
     RequeuedOnClose,
+}
+
+impl Counter {
+    /// The family's outcome value, for the counters that are consume outcomes.
+    pub(crate) fn outcome(self) -> Option<ConsumeOutcome> {
+        match self {
+            Counter::Acked => Some(ConsumeOutcome::Acked),
+            Counter::Retried => Some(ConsumeOutcome::Retried),
+            Counter::DeadLettered => Some(ConsumeOutcome::DeadLettered),
+            Counter::Rejected => Some(ConsumeOutcome::Rejected),
+            Counter::Parked => Some(ConsumeOutcome::Parked),
+            _ => None,
+        }
+    }
 }
 
 const COUNTERS: usize = 10;
