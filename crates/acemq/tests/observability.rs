@@ -1,0 +1,419 @@
+//! Observability end to end (issue 5) on `memory://` and RabbitMQ: interceptors around
+//! publish and consume, health from local state, the family's metrics on `/acemq-metrics`
+//! after a run with retries, dead letters and parks, and a trace that crosses connections.
+//!
+//! This binary installs the global Prometheus recorder (through the actuator), once.
+
+mod http_client;
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use acemq::Connection;
+use acemq::consume::{ConsumerOptions, HandlerError, Message};
+use acemq::health::{HealthContributor, HealthReport, HealthStatus};
+use acemq::intercept::{
+    ConsumeContext, ConsumeInterceptor, HandleResult, PublishContext, PublishInterceptor,
+};
+use acemq::observe::trace::{self, TraceContext};
+use acemq::retry::RetryPolicy;
+use acemq::topology::QueueDecl;
+use acemq::transport::{Outbound, Properties};
+use support::{Target, eventually, on_each_target, unique, wait_for_count};
+
+const WAIT: Duration = Duration::from_secs(15);
+
+type Log = Arc<Mutex<Vec<String>>>;
+
+struct Named(&'static str, Log, bool);
+
+impl ConsumeInterceptor for Named {
+    fn before_handle(&self, _ctx: &ConsumeContext<'_>) -> Result<(), HandlerError> {
+        self.1.lock().unwrap().push(format!("before {}", self.0));
+        if self.2 {
+            Err(HandlerError::retry(format!("{} refused it", self.0)))
+        } else {
+            Ok(())
+        }
+    }
+    fn after_handle(&self, _ctx: &ConsumeContext<'_>, result: &HandleResult<'_>) {
+        let r = match result {
+            HandleResult::Succeeded => "ok".to_owned(),
+            HandleResult::Failed(e) => format!("failed: {e}"),
+            _ => "other".to_owned(),
+        };
+        self.1
+            .lock()
+            .unwrap()
+            .push(format!("after {} ({r})", self.0));
+    }
+}
+
+struct Stamp;
+
+impl PublishInterceptor for Stamp {
+    fn before_publish(&self, ctx: &mut PublishContext<'_>) -> Result<(), acemq::Error> {
+        if ctx.routing_key.ends_with(".refused") {
+            return Err(acemq::Error::InvalidArgument(
+                "refused by the interceptor".into(),
+            ));
+        }
+        ctx.headers.insert("x-stamped".into(), "yes".into());
+        *ctx.envelope = ctx.envelope.clone().with_causation_id("stamp-cause");
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interceptors_run_in_order_after_handle_always_and_in_reverse() {
+    on_each_target(|target: Target| async move {
+        let mq = Connection::connect(&target.url()).await.unwrap();
+        let q = unique("intercept");
+        mq.transport()
+            .declare_queue(&QueueDecl::classic(&q))
+            .await
+            .unwrap();
+        let log: Log = Arc::default();
+        mq.intercept_publish(Stamp);
+        mq.intercept_consume(Named("outer", log.clone(), false));
+        mq.intercept_consume(Named("inner", log.clone(), false));
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let l = log.clone();
+        let consumer = mq
+            .consume(
+                &q,
+                ConsumerOptions::default().with_retry(RetryPolicy::none()),
+                move |m: Message<u32>| {
+                    let (tx, l) = (tx.clone(), l.clone());
+                    async move {
+                        l.lock().unwrap().push(format!("handler {}", m.payload()));
+                        tx.send((
+                            m.headers().get("x-stamped").cloned(),
+                            m.envelope().causation_id().map(str::to_owned),
+                        ))
+                        .ok();
+                        if *m.payload() == 2 {
+                            Err(HandlerError::fatal("two is bad"))
+                        } else {
+                            Ok(())
+                        }
+                    }
+                },
+            )
+            .await
+            .unwrap();
+        mq.publisher::<u32>("", &q).send(&1).await.unwrap();
+        let (stamped, cause) = tokio::time::timeout(WAIT, rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(stamped, Some("yes".into()));
+        assert_eq!(cause.as_deref(), Some("stamp-cause"));
+        mq.publisher::<u32>("", &q).send(&2).await.unwrap();
+        tokio::time::timeout(WAIT, rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        eventually(WAIT, "both settled", || async {
+            let s = consumer.stats();
+            (s.acked == 1 && s.rejected == 1).then_some(())
+        })
+        .await;
+        assert_eq!(
+            *log.lock().unwrap(),
+            vec![
+                "before outer",
+                "before inner",
+                "handler 1",
+                "after inner (ok)",
+                "after outer (ok)",
+                "before outer",
+                "before inner",
+                "handler 2",
+                "after inner (failed: two is bad)",
+                "after outer (failed: two is bad)",
+            ]
+        );
+        // A publish interceptor's error refuses the publish.
+        let err = mq
+            .publisher::<u32>("", format!("{q}.refused"))
+            .send(&3)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, acemq::Error::InvalidArgument(_)));
+        consumer.close().await;
+        for s in ["", ".dlq", ".parked"] {
+            let _ = mq.transport().delete_queue(&format!("{q}{s}")).await;
+        }
+        mq.close().await.ok();
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_before_handle_error_ends_in_dlq_after_the_policys_attempts() {
+    on_each_target(|target: Target| async move {
+        let mq = Connection::connect(&target.url()).await.unwrap();
+        let q = unique("intercept-refuse");
+        mq.transport()
+            .declare_queue(&QueueDecl::classic(&q))
+            .await
+            .unwrap();
+        let log: Log = Arc::default();
+        mq.intercept_consume(Named("gate", log.clone(), true));
+        let ran = Arc::new(Mutex::new(0));
+        let r = ran.clone();
+        let policy = RetryPolicy::fixed(3, Duration::from_millis(10)).unwrap();
+        let consumer = mq
+            .consume(
+                &q,
+                ConsumerOptions::default().with_retry(policy),
+                move |_m: Message<u32>| {
+                    let r = r.clone();
+                    async move {
+                        *r.lock().unwrap() += 1;
+                        Ok(())
+                    }
+                },
+            )
+            .await
+            .unwrap();
+        mq.publisher::<u32>("", &q).send(&1).await.unwrap();
+        wait_for_count(&**mq.transport(), &format!("{q}.dlq"), 1, WAIT).await;
+        let d = mq
+            .transport()
+            .get(&format!("{q}.dlq"))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            d.properties.headers["x-acemq-attempt"],
+            acemq::headers::HeaderValue::I32(3)
+        );
+        assert_eq!(
+            d.properties.headers["x-acemq-error"].as_str(),
+            Some("exhausted 3 attempts: gate refused it")
+        );
+        d.acker.ack().await.unwrap();
+        assert_eq!(*ran.lock().unwrap(), 0, "the handler never ran");
+        assert_eq!(
+            log.lock()
+                .unwrap()
+                .iter()
+                .filter(|l| l.starts_with("after"))
+                .count(),
+            3,
+            "after_handle ran every time"
+        );
+        consumer.close().await;
+        for s in ["", ".dlq", ".parked"] {
+            let _ = mq.transport().delete_queue(&format!("{q}{s}")).await;
+        }
+        mq.close().await.ok();
+    })
+    .await;
+}
+
+struct Flaky;
+
+impl HealthContributor for Flaky {
+    fn name(&self) -> String {
+        "flaky".into()
+    }
+    fn report(&self) -> Result<HealthReport, String> {
+        panic!("contributor bug")
+    }
+}
+
+struct Pressure;
+
+impl HealthContributor for Pressure {
+    fn name(&self) -> String {
+        "broker-pressure".into()
+    }
+    fn report(&self) -> Result<HealthReport, String> {
+        Ok(HealthReport::degraded("broker-pressure"))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_is_local_state_and_a_blocked_connection_is_up_with_its_reason() {
+    let name = unique("health");
+    let mq = Connection::connect(&format!("memory://{name}"))
+        .await
+        .unwrap();
+    assert_eq!(mq.health().status, HealthStatus::Up);
+    let broker = acemq::transport::memory::MemoryBroker::named(&name);
+    broker.block("low on memory");
+    eventually(WAIT, "the blocked state", || async {
+        mq.status().blocked.is_some().then_some(())
+    })
+    .await;
+    let started = std::time::Instant::now();
+    let health = mq.health();
+    assert!(
+        started.elapsed() < Duration::from_millis(5),
+        "health answers from local state"
+    );
+    let connection = health.report("connection").unwrap();
+    assert_eq!(connection.status, HealthStatus::Up);
+    assert_eq!(connection.detail("blocked"), Some("true"));
+    assert_eq!(connection.detail("blockedReason"), Some("low on memory"));
+    let err = mq
+        .publisher::<u32>("", "anything")
+        .send(&1)
+        .await
+        .unwrap_err();
+    assert!(err.is_refused(), "{err}");
+    broker.unblock();
+    mq.pause_consuming();
+    assert_eq!(
+        mq.health()
+            .report("connection")
+            .unwrap()
+            .detail("consuming"),
+        Some("paused")
+    );
+    mq.register_health(Flaky);
+    mq.register_health(Pressure);
+    let health = mq.health();
+    assert_eq!(health.report("flaky").unwrap().status, HealthStatus::Down);
+    assert_eq!(
+        health.report("broker-pressure").unwrap().status,
+        HealthStatus::Degraded
+    );
+    assert_eq!(
+        health.report("connection").unwrap().status,
+        HealthStatus::Up
+    );
+    mq.close_now().await.unwrap();
+    assert_eq!(
+        mq.health().report("connection").unwrap().status,
+        HealthStatus::Down
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_endpoint_counts_outcomes_and_a_trace_crosses_connections() {
+    let actuator_conn = Connection::connect("memory://observability-actuator")
+        .await
+        .unwrap();
+    let actuator = actuator_conn
+        .start_actuator("127.0.0.1:0".parse().unwrap(), true)
+        .await
+        .unwrap();
+    let addr = actuator.local_addr();
+    on_each_target(|target: Target| async move {
+        let publisher = Connection::connect(&target.url()).await.unwrap();
+        let consumer_conn = Connection::connect(&target.url()).await.unwrap();
+        let q = unique("metrics");
+        publisher
+            .transport()
+            .declare_queue(&QueueDecl::classic(&q))
+            .await
+            .unwrap();
+        let seen: Arc<Mutex<Vec<(u32, Option<TraceContext>, Option<String>)>>> = Arc::default();
+        let s = seen.clone();
+        let policy = RetryPolicy::fixed(2, Duration::from_millis(10)).unwrap();
+        let consumer = consumer_conn
+            .consume(
+                &q,
+                ConsumerOptions::default().with_retry(policy),
+                move |m: Message<u32>| {
+                    let s = s.clone();
+                    async move {
+                        let parent = m
+                            .headers()
+                            .get("traceparent")
+                            .and_then(|v| v.as_str())
+                            .map(str::to_owned);
+                        s.lock()
+                            .unwrap()
+                            .push((*m.payload(), trace::current(), parent));
+                        match m.payload() {
+                            1 => Ok(()),
+                            2 if m.attempt() == 1 => Err(HandlerError::retry("once")),
+                            2 => Ok(()),
+                            _ => Err(HandlerError::retry("always")),
+                        }
+                    }
+                },
+            )
+            .await
+            .unwrap();
+        let root = TraceContext::new_root();
+        let orders = publisher.publisher::<u32>("", &q);
+        trace::scope(root.clone(), async {
+            orders.send(&1).await.unwrap();
+            orders.send(&2).await.unwrap();
+            orders.send(&3).await.unwrap();
+        })
+        .await;
+        let raw = Properties {
+            content_type: Some("application/json".into()),
+            ..Default::default()
+        };
+        publisher
+            .transport()
+            .publish(Outbound::new("", q.clone(), raw, b"not json".to_vec()))
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        eventually(WAIT, "all outcomes", || async {
+            let st = consumer.stats();
+            (st.acked == 2 && st.retried == 2 && st.dead_lettered == 1 && st.parked == 1)
+                .then_some(())
+        })
+        .await;
+        // The consumer's span is a child of the publisher's, in the caller's trace.
+        for (n, current, parent) in seen.lock().unwrap().iter().filter(|(_, _, p)| p.is_some()) {
+            let current = current
+                .as_ref()
+                .expect("a current trace context inside the handler");
+            assert_eq!(
+                current.trace_id, root.trace_id,
+                "message {n} continues the publisher's trace"
+            );
+            let parent = TraceContext::parse(parent.as_deref().unwrap(), None).unwrap();
+            assert_eq!(parent.trace_id, root.trace_id);
+            assert_ne!(parent.span_id, root.span_id, "the publish had its own span");
+            assert_ne!(
+                current.span_id, parent.span_id,
+                "the handler runs in a child span"
+            );
+        }
+        let text = http_client::get(addr, "/acemq-metrics").await.body;
+        for outcome in ["acked", "retried", "dead_lettered", "parked"] {
+            let line = text
+                .lines()
+                .find(|l| {
+                    l.starts_with("acemq_consume_total{")
+                        && l.contains(&format!("outcome=\"{outcome}\""))
+                        && l.contains(&q)
+                })
+                .unwrap_or_else(|| {
+                    panic!("no acemq_consume_total for {outcome} on {q} in:\n{text}")
+                });
+            assert!(!line.ends_with(" 0"), "{line}");
+        }
+        assert!(text.lines().any(|l| l.starts_with("acemq_publish_total{")
+            && l.contains("outcome=\"confirmed\"")
+            && l.contains(&q)));
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("acemq_messages_dead_lettered_total{"))
+        );
+        let health = http_client::get(addr, "/acemq-health").await;
+        assert_eq!(health.status, 200);
+        consumer.close().await;
+        for s in ["", ".dlq", ".parked"] {
+            let _ = publisher.transport().delete_queue(&format!("{q}{s}")).await;
+        }
+        publisher.close().await.ok();
+        consumer_conn.close().await.ok();
+    })
+    .await;
+    actuator.shutdown().await;
+}
