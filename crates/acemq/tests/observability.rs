@@ -26,6 +26,9 @@ const WAIT: Duration = Duration::from_secs(15);
 
 type Log = Arc<Mutex<Vec<String>>>;
 
+/// (payload, trace context inside the handler, the message's traceparent)
+type Seen = Arc<Mutex<Vec<(u32, Option<TraceContext>, Option<String>)>>>;
+
 struct Named(&'static str, Log, bool);
 
 impl ConsumeInterceptor for Named {
@@ -313,7 +316,7 @@ async fn metrics_endpoint_counts_outcomes_and_a_trace_crosses_connections() {
             .declare_queue(&QueueDecl::classic(&q))
             .await
             .unwrap();
-        let seen: Arc<Mutex<Vec<(u32, Option<TraceContext>, Option<String>)>>> = Arc::default();
+        let seen: Seen = Arc::default();
         let s = seen.clone();
         let policy = RetryPolicy::fixed(2, Duration::from_millis(10)).unwrap();
         let consumer = consumer_conn
