@@ -20,6 +20,7 @@ pub mod consume;
 pub mod envelope;
 pub mod error;
 pub mod headers;
+pub mod idempotency;
 pub mod publish;
 pub mod replay;
 pub mod retry;
