@@ -330,7 +330,12 @@ impl SqlIdempotencyStore {
         Ok(n)
     }
 
-    async fn exec_claim(&self, sql: &Arc<str>, key: &str, state_ms: (i64, i64)) -> Result<u64, sqlx::Error> {
+    async fn exec_claim(
+        &self,
+        sql: &Arc<str>,
+        key: &str,
+        state_ms: (i64, i64),
+    ) -> Result<u64, sqlx::Error> {
         let (now, expires) = state_ms;
         let sql = sql.clone();
         Ok(on_pool!(&self.pool, p => sqlx::query(AssertSqlSafe(sql))
@@ -365,8 +370,7 @@ impl SqlIdempotencyStore {
             if inserted == 1 {
                 return Ok(ClaimOutcome::Claimed);
             }
-            let Some((state, expires_at)) = self.read_state(key).await.map_err(unavailable)?
-            else {
+            let Some((state, expires_at)) = self.read_state(key).await.map_err(unavailable)? else {
                 // Released or purged between the insert and the read: try again.
                 continue;
             };

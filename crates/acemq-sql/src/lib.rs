@@ -37,8 +37,8 @@
 mod pool;
 mod error;
 pub mod headers_json;
-mod ident;
 mod idempotency;
+mod ident;
 pub mod outbox;
 
 pub use error::Error;

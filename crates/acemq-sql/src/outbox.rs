@@ -552,7 +552,9 @@ impl Outbox {
     pub async fn purge_published(&self, older_than: Duration) -> Result<u64, Error> {
         let before = now_millis().saturating_sub(millis(older_than));
         let sql = self.sql.purge_published.clone();
-        Ok(on_pool!(&self.pool, p => sqlx::query(AssertSqlSafe(sql)).bind(before).execute(p).await?.rows_affected()))
+        Ok(
+            on_pool!(&self.pool, p => sqlx::query(AssertSqlSafe(sql)).bind(before).execute(p).await?.rows_affected()),
+        )
     }
 
     /// Leases up to `limit` pending rows to `token` until `now + lease` and reads them.
@@ -801,7 +803,9 @@ impl OutboxRelay {
     /// Starts polling in a Tokio task. Must be called within a Tokio runtime.
     pub fn start(&self) -> Result<(), Error> {
         let handle = tokio::runtime::Handle::try_current().map_err(|_| {
-            Error::InvalidArgument("OutboxRelay::start must be called within a Tokio runtime".into())
+            Error::InvalidArgument(
+                "OutboxRelay::start must be called within a Tokio runtime".into(),
+            )
         })?;
         let mut running = self
             .running

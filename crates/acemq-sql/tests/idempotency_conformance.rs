@@ -64,13 +64,17 @@ async fn expired_lease_is_taken_over(make: &Factory, distinct_owners: bool) {
     let k = key("takeover");
     assert!(a.claim(&k).await.unwrap());
     assert_eq!(b.try_claim(&k).await.unwrap(), ClaimOutcome::InProgress);
-    eventually("the lease expires and b takes it over", Duration::from_secs(10), || async {
-        match b.try_claim(&k).await.unwrap() {
-            ClaimOutcome::Claimed => true,
-            ClaimOutcome::InProgress => false,
-            other => panic!("unexpected {other:?}"),
-        }
-    })
+    eventually(
+        "the lease expires and b takes it over",
+        Duration::from_secs(10),
+        || async {
+            match b.try_claim(&k).await.unwrap() {
+                ClaimOutcome::Claimed => true,
+                ClaimOutcome::InProgress => false,
+                other => panic!("unexpected {other:?}"),
+            }
+        },
+    )
     .await;
     assert_eq!(a.try_claim(&k).await.unwrap(), ClaimOutcome::InProgress);
     if distinct_owners {
@@ -140,7 +144,13 @@ async fn in_memory_store_conforms() {
     let short: Arc<dyn IdempotencyStore> =
         Arc::new(InMemoryIdempotencyStore::for_one_day().claim_timeout(LEASE));
     let long: Arc<dyn IdempotencyStore> = Arc::new(InMemoryIdempotencyStore::for_one_day());
-    let make: Factory = Box::new(move |t| if t <= LEASE { short.clone() } else { long.clone() });
+    let make: Factory = Box::new(move |t| {
+        if t <= LEASE {
+            short.clone()
+        } else {
+            long.clone()
+        }
+    });
     suite("memory", make, false).await;
 }
 
@@ -150,7 +160,9 @@ fn sql_factory(pool: &SqlPool, table: &str) -> Factory {
         Arc::new(
             SqlIdempotencyStore::with_options(
                 pool.clone(),
-                IdempotencyOptions::new().table(&table).claim_timeout(timeout),
+                IdempotencyOptions::new()
+                    .table(&table)
+                    .claim_timeout(timeout),
             )
             .unwrap(),
         )
@@ -176,8 +188,14 @@ async fn purge_removes_only_expired(pool: &SqlPool, table: &str) {
     tokio::time::sleep_until(t0 + LEASE + Duration::from_millis(50)).await;
     let purged = long.purge_expired().await.unwrap();
     assert_eq!(purged, 1, "only the abandoned claim had expired");
-    assert_eq!(long.try_claim(&done).await.unwrap(), ClaimOutcome::Duplicate);
-    assert_eq!(short.try_claim(&fresh).await.unwrap(), ClaimOutcome::InProgress);
+    assert_eq!(
+        long.try_claim(&done).await.unwrap(),
+        ClaimOutcome::Duplicate
+    );
+    assert_eq!(
+        short.try_claim(&fresh).await.unwrap(),
+        ClaimOutcome::InProgress
+    );
     assert_eq!(long.try_claim(&old).await.unwrap(), ClaimOutcome::Claimed);
 }
 
@@ -211,7 +229,8 @@ async fn sql_stores_conform() {
 async fn sql_store_refuses_bad_input() {
     let pool = support::sqlite().await;
     for bad in ["x; drop table", "a b", "1x", "s.t.u", ""] {
-        let r = SqlIdempotencyStore::with_options(pool.clone(), IdempotencyOptions::new().table(bad));
+        let r =
+            SqlIdempotencyStore::with_options(pool.clone(), IdempotencyOptions::new().table(bad));
         assert!(
             matches!(r, Err(acemq_sql::Error::InvalidTableName { .. })),
             "{bad:?} accepted"
@@ -225,14 +244,18 @@ async fn sql_store_refuses_bad_input() {
     );
     assert!(matches!(r, Err(acemq_sql::Error::InvalidArgument(_))));
     let table = unique_table("acemq_idem");
-    let s = SqlIdempotencyStore::with_options(pool.clone(), IdempotencyOptions::new().table(&table))
-        .unwrap();
+    let s =
+        SqlIdempotencyStore::with_options(pool.clone(), IdempotencyOptions::new().table(&table))
+            .unwrap();
     s.create_table_if_absent().await.unwrap();
     assert!(s.try_claim("").await.is_err());
     assert!(s.try_claim(&"k".repeat(256)).await.is_err());
     assert!(s.try_claim(&"k".repeat(255)).await.is_ok());
     let ddl = s.create_table_sql();
-    assert!(ddl.contains("message_id VARCHAR(255) NOT NULL PRIMARY KEY"), "{ddl}");
+    assert!(
+        ddl.contains("message_id VARCHAR(255) NOT NULL PRIMARY KEY"),
+        "{ddl}"
+    );
     assert!(ddl.contains("expires_at"), "{ddl}");
 }
 
@@ -240,8 +263,11 @@ async fn sql_store_refuses_bad_input() {
 async fn ids_are_case_sensitive_everywhere() {
     for (_name, pool) in support::databases().await {
         let table = unique_table("acemq_idem");
-        let s = SqlIdempotencyStore::with_options(pool.clone(), IdempotencyOptions::new().table(&table))
-            .unwrap();
+        let s = SqlIdempotencyStore::with_options(
+            pool.clone(),
+            IdempotencyOptions::new().table(&table),
+        )
+        .unwrap();
         s.create_table_if_absent().await.unwrap();
         assert!(s.claim("Order-1").await.unwrap());
         assert!(s.claim("order-1").await.unwrap());

@@ -6,9 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{
-    ClaimOutcome, DEFAULT_CLAIM_TIMEOUT, DEFAULT_RETENTION, IdempotencyStore, StoreError,
-};
+use super::{ClaimOutcome, DEFAULT_CLAIM_TIMEOUT, DEFAULT_RETENTION, IdempotencyStore, StoreError};
 use crate::transport::BoxFuture;
 
 /// The default cap on remembered ids: 100,000.

@@ -113,9 +113,7 @@ pub enum ClaimOutcome {
 pub enum StoreError {
     /// The backing store could not be reached or refused the statement. Nothing can be
     /// concluded about the message: treat it as a failure and let it be retried.
-    #[error(
-        "idempotency store unavailable: {0}; the message's state is unknown, retry it later"
-    )]
+    #[error("idempotency store unavailable: {0}; the message's state is unknown, retry it later")]
     Unavailable(String),
     /// A key, table name or option was not acceptable.
     #[error("invalid idempotency store input: {0}")]
