@@ -381,7 +381,7 @@ impl SqlIdempotencyStore {
                 return Ok(ClaimOutcome::InProgress);
             }
             let sql = self.sql.takeover.clone();
-            let taken = on_pool!(&self.pool, p => sqlx::query(AssertSqlSafe(sql))
+            let taken: u64 = on_pool!(&self.pool, p => sqlx::query(AssertSqlSafe(sql))
                 .bind(self.owner.as_str())
                 .bind(now)
                 .bind(lease_end)
