@@ -23,6 +23,7 @@ pub mod envelope;
 pub mod error;
 pub mod headers;
 pub mod health;
+pub mod idempotency;
 pub mod intercept;
 pub mod lifecycle;
 pub mod observe;

@@ -1,0 +1,72 @@
+//! # SQL-backed idempotency and the transactional outbox for AceMQ
+//!
+//! Two things a service behind RabbitMQ needs a database for:
+//!
+//! * [`SqlIdempotencyStore`]: an [`acemq::idempotency::IdempotencyStore`] shared by every
+//!   instance behind a queue, so a redelivery that lands on another machine is still
+//!   recognised. A claim is an `INSERT` (the primary key does the mutual exclusion), a
+//!   claim is a lease another consumer may take over once it expires (one conditional
+//!   `UPDATE`), and a confirmed row is never retaken.
+//! * [`outbox::Outbox`] and [`outbox::OutboxRelay`]: the transactional outbox. A message
+//!   is written in the caller's own transaction, with the business data, and becomes
+//!   durable exactly when that transaction commits; a relay publishes it afterwards.
+//!
+//! Backends are sqlx 0.9 pools, one crate feature each: `postgres`, `mysql` (MySQL 8 and
+//! MariaDB) and `sqlite` (bundled). None is on by default. TLS is not enabled here; to
+//! reach a database over TLS, enable a sqlx TLS feature (for example
+//! `sqlx/tls-rustls-ring-webpki`) in your own `Cargo.toml`.
+//!
+//! ## Representation
+//!
+//! Timestamps are computed in Rust and stored as **epoch milliseconds in `BIGINT`
+//! columns**, identically on every backend, so no database clock or time-zone setting is
+//! involved (the instances sharing a table should have reasonably synchronised clocks).
+//! SQL is written per dialect; a configurable table name is spliced into statements only
+//! after it has been validated as an identifier (see [`TableName`]).
+//!
+//! The library never runs DDL uninvited: `create_table_sql()` hands you the statements for
+//! a migration, and `create_table_if_absent()` exists for development and tests.
+#![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
+#![deny(unused_must_use)]
+#![cfg_attr(
+    not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+    allow(unused, unreachable_code)
+)]
+
+#[macro_use]
+mod pool;
+mod error;
+pub mod headers_json;
+mod idempotency;
+mod ident;
+pub mod outbox;
+
+pub use error::Error;
+pub use idempotency::{IdempotencyOptions, SqlIdempotencyStore};
+pub use ident::TableName;
+pub use pool::{Dialect, SqlPool};
+
+pub(crate) fn now_millis() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+pub(crate) fn millis(d: std::time::Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// `{hostname}:{pid}:{uuid}`: identifies one store or relay instance in `claimed_by` and
+/// `locked_by` columns.
+pub(crate) fn default_owner() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .or_else(|| std::env::var("COMPUTERNAME").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown-host".into());
+    let host: String = host.chars().take(100).collect();
+    format!("{host}:{}:{}", std::process::id(), uuid::Uuid::new_v4())
+}

@@ -1,0 +1,876 @@
+//! The transactional outbox: messages written in the caller's transaction, published by a
+//! relay afterwards.
+//!
+//! The dual-write problem: a service saves an order and publishes an event, and dies
+//! between the two. [`Outbox::enqueue`] writes the encoded message into an outbox table in
+//! the *same* transaction as the business data, so the message becomes durable exactly
+//! when that transaction commits, and disappears with it when it rolls back. An
+//! [`OutboxRelay`] then publishes each row (mandatory, confirmed, the stored bytes and the
+//! record's own message id, never re-encoded) and marks it published.
+//!
+//! Delivery is **at least once**: a relay killed between a publish and its mark publishes
+//! that row again. The copy carries the same message id, so an idempotent consumer (see
+//! [`acemq::idempotency`]) absorbs it. Several relays may run at once: each claims rows with
+//! a lease (`locked_by`, `locked_until`; on PostgreSQL with `FOR UPDATE SKIP LOCKED`), so in
+//! the normal case a row is published once. Order holds only while a single relay runs.
+//!
+//! A row whose publish fails (unroutable, nacked, broker down) has `attempts` incremented
+//! and `last_error` set, and is tried again after the relay's retry delay; after
+//! `max_attempts` it is retired: kept in the table with `retired_at` set, never claimed
+//! again, for you to inspect ([`Outbox::retired`]).
+//!
+//! ```no_run
+//! # #[cfg(feature = "postgres")]
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use acemq_sql::outbox::{Outbox, OutboxRelay};
+//!
+//! let pool = sqlx::PgPool::connect("postgres://postgres@127.0.0.1/app").await?;
+//! let outbox = Outbox::new(pool.clone());
+//! outbox.create_table_if_absent().await?; // development only; use a migration
+//!
+//! let mut tx = pool.begin().await?;
+//! sqlx::query("INSERT INTO orders (id) VALUES ($1)").bind("o-1").execute(&mut *tx).await?;
+//! let id = outbox.enqueue(&mut tx, "orders", "order.placed", &serde_json::json!({"id": "o-1"})).await?;
+//! tx.commit().await?; // the message exists from here on
+//!
+//! let mq = acemq::Connection::connect("amqp://guest:guest@127.0.0.1:5672/%2f").await?;
+//! let relay = OutboxRelay::new(mq, outbox);
+//! relay.start()?;
+//! // ...
+//! relay.stop().await;
+//! # let _ = id; Ok(()) }
+//! ```
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use acemq::Connection;
+use acemq::codec::Json;
+use acemq::publish::{SendOptions, prepare};
+use acemq::transport::{BoxFuture, Outbound, Properties};
+use bytes::Bytes;
+use sqlx::{AssertSqlSafe, Row};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::headers_json;
+use crate::pool::{Dialect, SqlPool};
+use crate::{Error, TableName, default_owner, millis, now_millis};
+
+/// The default outbox table: `acemq_outbox`.
+pub const DEFAULT_TABLE: &str = "acemq_outbox";
+/// The default number of failed publishes after which a row is retired: 10.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 10;
+/// The default relay batch: 100 rows.
+pub const DEFAULT_BATCH_SIZE: u32 = 100;
+/// The default pause between polls when the outbox is empty: 1 s.
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
+/// The default lease a relay holds on the rows it claimed: 60 s.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
+/// The default wait before a failed row is tried again: 5 s.
+pub const DEFAULT_RETRY_DELAY: Duration = Duration::from_secs(5);
+
+const LAST_ERROR_MAX_CHARS: usize = 1000;
+
+const INSERT_COLS: &str = "id, exchange, routing_key, content_type, content_encoding, delivery_mode, priority, correlation_id, reply_to, expiration, amqp_type, amqp_timestamp, user_id, app_id, cluster_id, headers, body, created_at, attempts";
+const SELECT_COLS: &str = "id, exchange, routing_key, content_type, content_encoding, delivery_mode, priority, correlation_id, reply_to, expiration, amqp_type, amqp_timestamp, user_id, app_id, cluster_id, headers, body, created_at, attempts, last_error, published_at, retired_at";
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// A sqlx database whose transactions [`Outbox::enqueue`] can write to: `sqlx::Postgres`,
+/// `sqlx::MySql` or `sqlx::Sqlite`, as enabled by the crate's features. Sealed.
+pub trait OutboxDatabase: sqlx::Database + sealed::Sealed {
+    /// The dialect of this database.
+    const DIALECT: Dialect;
+    #[doc(hidden)]
+    fn insert_row<'c>(
+        conn: &'c mut Self::Connection,
+        sql: Arc<str>,
+        row: &'c hidden::NewRow,
+    ) -> BoxFuture<'c, Result<u64, sqlx::Error>>;
+}
+
+#[doc(hidden)]
+pub mod hidden {
+    /// A row to insert (internal).
+    #[derive(Debug)]
+    pub struct NewRow {
+        pub(crate) id: String,
+        pub(crate) exchange: String,
+        pub(crate) routing_key: String,
+        pub(crate) p: acemq::transport::Properties,
+        pub(crate) delivery_mode: Option<i16>,
+        pub(crate) priority: Option<i16>,
+        pub(crate) timestamp: Option<i64>,
+        pub(crate) headers: String,
+        pub(crate) body: Vec<u8>,
+        pub(crate) created_at: i64,
+    }
+}
+use hidden::NewRow;
+
+macro_rules! outbox_database {
+    ($feature:literal, $db:ty, $dialect:expr) => {
+        #[cfg(feature = $feature)]
+        impl sealed::Sealed for $db {}
+        #[cfg(feature = $feature)]
+        impl OutboxDatabase for $db {
+            const DIALECT: Dialect = $dialect;
+            fn insert_row<'c>(
+                conn: &'c mut Self::Connection,
+                sql: Arc<str>,
+                r: &'c NewRow,
+            ) -> BoxFuture<'c, Result<u64, sqlx::Error>> {
+                Box::pin(async move {
+                    Ok(sqlx::query(AssertSqlSafe(sql))
+                        .bind(r.id.as_str())
+                        .bind(r.exchange.as_str())
+                        .bind(r.routing_key.as_str())
+                        .bind(r.p.content_type.as_deref())
+                        .bind(r.p.content_encoding.as_deref())
+                        .bind(r.delivery_mode)
+                        .bind(r.priority)
+                        .bind(r.p.correlation_id.as_deref())
+                        .bind(r.p.reply_to.as_deref())
+                        .bind(r.p.expiration.as_deref())
+                        .bind(r.p.kind.as_deref())
+                        .bind(r.timestamp)
+                        .bind(r.p.user_id.as_deref())
+                        .bind(r.p.app_id.as_deref())
+                        .bind(r.p.cluster_id.as_deref())
+                        .bind(r.headers.as_str())
+                        .bind(r.body.as_slice())
+                        .bind(r.created_at)
+                        .execute(&mut *conn)
+                        .await?
+                        .rows_affected())
+                })
+            }
+        }
+    };
+}
+outbox_database!("postgres", sqlx::Postgres, Dialect::Postgres);
+outbox_database!("mysql", sqlx::MySql, Dialect::MySql);
+outbox_database!("sqlite", sqlx::Sqlite, Dialect::Sqlite);
+
+/// One outbox row, read back.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct OutboxRecord {
+    /// The message id (the envelope id and AMQP `message_id`); the primary key.
+    pub id: String,
+    /// The exchange to publish to.
+    pub exchange: String,
+    /// The routing key.
+    pub routing_key: String,
+    /// The AMQP properties and headers, as stored (`message_id` is [`OutboxRecord::id`]).
+    pub properties: Properties,
+    /// The body bytes, verbatim.
+    pub body: Bytes,
+    /// When it was enqueued (epoch ms).
+    pub created_at_millis: i64,
+    /// Failed publishes so far.
+    pub attempts: u32,
+    /// The last failure, if any (at most 1000 characters).
+    pub last_error: Option<String>,
+    /// When it was published (epoch ms).
+    pub published_at_millis: Option<i64>,
+    /// When it was retired after `max_attempts` failures (epoch ms).
+    pub retired_at_millis: Option<i64>,
+}
+
+impl OutboxRecord {
+    /// The message to publish: exchange, routing key, properties and body exactly as
+    /// stored, mandatory.
+    pub fn to_outbound(&self) -> Outbound {
+        let mut properties = self.properties.clone();
+        properties.message_id = Some(self.id.clone());
+        Outbound::new(
+            self.exchange.clone(),
+            self.routing_key.clone(),
+            properties,
+            self.body.clone(),
+        )
+    }
+}
+
+macro_rules! read_record {
+    ($row:expr) => {{
+        let row = $row;
+        let id: String = row.try_get("id")?;
+        let headers_text: String = row.try_get("headers")?;
+        let headers = headers_json::decode(&headers_text).map_err(|reason| Error::CorruptRow {
+            id: id.clone(),
+            reason: format!("headers: {reason}"),
+        })?;
+        let small = |v: Option<i16>, what: &str| -> Result<Option<u8>, Error> {
+            v.map(|n| {
+                u8::try_from(n).map_err(|_| Error::CorruptRow {
+                    id: id.clone(),
+                    reason: format!("{what} {n} out of range"),
+                })
+            })
+            .transpose()
+        };
+        let delivery_mode = small(row.try_get("delivery_mode")?, "delivery_mode")?;
+        let priority = small(row.try_get("priority")?, "priority")?;
+        let timestamp: Option<i64> = row.try_get("amqp_timestamp")?;
+        let attempts: i32 = row.try_get("attempts")?;
+        let body: Vec<u8> = row.try_get("body")?;
+        OutboxRecord {
+            exchange: row.try_get("exchange")?,
+            routing_key: row.try_get("routing_key")?,
+            properties: Properties {
+                message_id: Some(id.clone()),
+                content_type: row.try_get("content_type")?,
+                content_encoding: row.try_get("content_encoding")?,
+                delivery_mode,
+                priority,
+                correlation_id: row.try_get("correlation_id")?,
+                reply_to: row.try_get("reply_to")?,
+                expiration: row.try_get("expiration")?,
+                timestamp: timestamp.and_then(|t| u64::try_from(t).ok()),
+                kind: row.try_get("amqp_type")?,
+                user_id: row.try_get("user_id")?,
+                app_id: row.try_get("app_id")?,
+                cluster_id: row.try_get("cluster_id")?,
+                headers,
+            },
+            body: Bytes::from(body),
+            created_at_millis: row.try_get("created_at")?,
+            attempts: u32::try_from(attempts).unwrap_or(0),
+            last_error: row.try_get("last_error")?,
+            published_at_millis: row.try_get("published_at")?,
+            retired_at_millis: row.try_get("retired_at")?,
+            id,
+        }
+    }};
+}
+
+#[derive(Clone, Debug)]
+struct Statements {
+    insert: Arc<str>,
+    claim: Arc<str>,
+    fetch_claimed: Arc<str>,
+    mark_published: Arc<str>,
+    mark_failed: Arc<str>,
+    pending_count: Arc<str>,
+    by_id: Arc<str>,
+    retired: Arc<str>,
+    purge_published: Arc<str>,
+    ddl: Vec<String>,
+}
+
+fn insert_sql(d: Dialect, t: &TableName) -> String {
+    format!(
+        "INSERT INTO {t} ({INSERT_COLS}) VALUES ({}, 0)",
+        d.placeholders(1, 18)
+    )
+}
+
+fn statements(d: Dialect, t: &TableName) -> Statements {
+    let p = |n| d.placeholder(n);
+    let pending = "published_at IS NULL AND retired_at IS NULL";
+    let claim = match d {
+        Dialect::Postgres => format!(
+            "UPDATE {t} SET locked_by = $1, locked_until = $2 WHERE id IN (SELECT id FROM {t} WHERE {pending} AND (locked_until IS NULL OR locked_until < $3) ORDER BY created_at, id LIMIT $4 FOR UPDATE SKIP LOCKED)"
+        ),
+        Dialect::MySql => format!(
+            "UPDATE {t} SET locked_by = ?, locked_until = ? WHERE {pending} AND (locked_until IS NULL OR locked_until < ?) ORDER BY created_at, id LIMIT ?"
+        ),
+        Dialect::Sqlite => format!(
+            "UPDATE {t} SET locked_by = ?, locked_until = ? WHERE id IN (SELECT id FROM {t} WHERE {pending} AND (locked_until IS NULL OR locked_until < ?) ORDER BY created_at, id LIMIT ?)"
+        ),
+    };
+    let pending_index = t.index_name("pending");
+    let lock_index = t.index_name("locked_by");
+    let (blob, text) = match d {
+        Dialect::Postgres => ("BYTEA", "TEXT"),
+        Dialect::MySql => ("LONGBLOB", "LONGTEXT"),
+        Dialect::Sqlite => ("BLOB", "TEXT"),
+    };
+    let columns = format!(
+        "  id VARCHAR(255) NOT NULL PRIMARY KEY,\n  exchange VARCHAR(255) NOT NULL,\n  routing_key VARCHAR(255) NOT NULL,\n  content_type VARCHAR(255),\n  content_encoding VARCHAR(255),\n  delivery_mode SMALLINT,\n  priority SMALLINT,\n  correlation_id VARCHAR(255),\n  reply_to VARCHAR(255),\n  expiration VARCHAR(255),\n  amqp_type VARCHAR(255),\n  amqp_timestamp BIGINT,\n  user_id VARCHAR(255),\n  app_id VARCHAR(255),\n  cluster_id VARCHAR(255),\n  headers {text} NOT NULL,\n  body {blob} NOT NULL,\n  created_at BIGINT NOT NULL,\n  attempts INTEGER NOT NULL DEFAULT 0,\n  last_error {text},\n  published_at BIGINT,\n  retired_at BIGINT,\n  locked_by VARCHAR(255),\n  locked_until BIGINT"
+    );
+    let ddl = match d {
+        Dialect::MySql => vec![format!(
+            "CREATE TABLE IF NOT EXISTS {t} (\n{columns},\n  INDEX {pending_index} (published_at, retired_at, created_at),\n  INDEX {lock_index} (locked_by)\n) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"
+        )],
+        Dialect::Postgres | Dialect::Sqlite => {
+            let (prefix, on) = match (d, t.schema()) {
+                (Dialect::Sqlite, Some(s)) => (format!("{s}."), t.table().to_owned()),
+                _ => (String::new(), t.to_string()),
+            };
+            vec![
+                format!("CREATE TABLE IF NOT EXISTS {t} (\n{columns}\n)"),
+                format!(
+                    "CREATE INDEX IF NOT EXISTS {prefix}{pending_index} ON {on} (published_at, retired_at, created_at)"
+                ),
+                format!("CREATE INDEX IF NOT EXISTS {prefix}{lock_index} ON {on} (locked_by)"),
+            ]
+        }
+    };
+    Statements {
+        insert: insert_sql(d, t).into(),
+        claim: claim.into(),
+        fetch_claimed: format!(
+            "SELECT {SELECT_COLS} FROM {t} WHERE locked_by = {} AND {pending} ORDER BY created_at, id",
+            p(1)
+        )
+        .into(),
+        mark_published: format!(
+            "UPDATE {t} SET published_at = {}, locked_by = NULL, locked_until = NULL WHERE id = {}",
+            p(1),
+            p(2)
+        )
+        .into(),
+        // retired_at is assigned first: MySQL evaluates SET left to right with the new
+        // values, the others with the old ones; this order reads the old attempts on all.
+        mark_failed: format!(
+            "UPDATE {t} SET retired_at = CASE WHEN attempts + 1 >= {} THEN {} ELSE NULL END, attempts = attempts + 1, last_error = {}, locked_by = NULL, locked_until = {} WHERE id = {}",
+            p(1),
+            p(2),
+            p(3),
+            p(4),
+            p(5)
+        )
+        .into(),
+        pending_count: format!("SELECT COUNT(*) FROM {t} WHERE {pending}").into(),
+        by_id: format!("SELECT {SELECT_COLS} FROM {t} WHERE id = {}", p(1)).into(),
+        retired: format!(
+            "SELECT {SELECT_COLS} FROM {t} WHERE retired_at IS NOT NULL ORDER BY created_at, id"
+        )
+        .into(),
+        purge_published: format!(
+            "DELETE FROM {t} WHERE published_at IS NOT NULL AND published_at < {}",
+            p(1)
+        )
+        .into(),
+        ddl,
+    }
+}
+
+/// The outbox table: enqueue in your transaction, inspect, purge.
+///
+/// The table (default `acemq_outbox`): `id` (the message id, primary key), `exchange`,
+/// `routing_key`, the AMQP properties needed to republish verbatim (`content_type`,
+/// `content_encoding`, `delivery_mode`, `priority`, `correlation_id`, `reply_to`,
+/// `expiration`, `amqp_type`, `amqp_timestamp`, `user_id`, `app_id`, `cluster_id`),
+/// `headers` (JSON that keeps every AMQP type, see [`crate::headers_json`]), `body` (the
+/// bytes verbatim), `created_at`, `attempts`, `last_error`, `published_at`, `retired_at`
+/// and the lease `locked_by` / `locked_until`. Times are epoch milliseconds.
+///
+/// ```no_run
+/// # #[cfg(feature = "sqlite")]
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// let pool = sqlx::SqlitePool::connect("sqlite://app.db").await?;
+/// let outbox = acemq_sql::outbox::Outbox::new(pool.clone());
+/// println!("{}", outbox.create_table_sql());
+/// let mut tx = pool.begin().await?;
+/// let id = outbox.enqueue(&mut tx, "", "orders", &serde_json::json!({"id": 1})).await?;
+/// tx.commit().await?;
+/// # let _ = id; Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct Outbox {
+    pool: SqlPool,
+    table: TableName,
+    origin: String,
+    sql: Statements,
+}
+
+impl Outbox {
+    /// An outbox in the default table `acemq_outbox` on `pool` (the pool the relay uses;
+    /// enqueues use the caller's transaction).
+    pub fn new(pool: impl Into<SqlPool>) -> Self {
+        let pool = pool.into();
+        let table = TableName::trusted(DEFAULT_TABLE);
+        let sql = statements(pool.dialect(), &table);
+        Outbox {
+            pool,
+            table,
+            origin: acemq::envelope::origin_for(acemq::envelope::DEFAULT_CLIENT_NAME),
+            sql,
+        }
+    }
+
+    /// An outbox in another table (validated, see [`TableName`]).
+    pub fn with_table(pool: impl Into<SqlPool>, table: &str) -> Result<Self, Error> {
+        let mut o = Self::new(pool);
+        o.table = TableName::parse(table)?;
+        o.sql = statements(o.pool.dialect(), &o.table);
+        Ok(o)
+    }
+
+    /// The `x-acemq-origin` stamped on enqueued messages (default `acemq@{hostname}`, as a
+    /// connection would stamp it).
+    pub fn origin(mut self, origin: impl Into<String>) -> Self {
+        self.origin = origin.into();
+        self
+    }
+
+    /// The table.
+    pub fn table(&self) -> &TableName {
+        &self.table
+    }
+
+    /// The DDL for the table and its indexes, in the pool's dialect: statements separated
+    /// by `;` and a newline. Put it in a migration.
+    pub fn create_table_sql(&self) -> String {
+        self.sql.ddl.join(";\n") + ";"
+    }
+
+    /// Runs [`create_table_sql`](Self::create_table_sql) (`IF NOT EXISTS`). For
+    /// development and tests.
+    pub async fn create_table_if_absent(&self) -> Result<(), Error> {
+        for stmt in &self.sql.ddl {
+            let stmt = stmt.clone();
+            on_pool!(&self.pool, p => sqlx::query(AssertSqlSafe(stmt)).execute(p).await.map(|_| ())?);
+        }
+        Ok(())
+    }
+
+    /// Encodes `payload` as JSON with a fresh envelope (as [`acemq::publish::prepare`]
+    /// builds it) and writes it in the caller's transaction, which it neither commits nor
+    /// closes. Returns the message id.
+    pub async fn enqueue<DB, T>(
+        &self,
+        tx: &mut sqlx::Transaction<'_, DB>,
+        exchange: &str,
+        routing_key: &str,
+        payload: &T,
+    ) -> Result<String, Error>
+    where
+        DB: OutboxDatabase,
+        T: serde::Serialize + ?Sized,
+    {
+        self.enqueue_with(tx, exchange, routing_key, payload, SendOptions::new())
+            .await
+    }
+
+    /// [`enqueue`](Self::enqueue) with envelope fields and options (message id,
+    /// correlation id, headers, ...).
+    pub async fn enqueue_with<DB, T>(
+        &self,
+        tx: &mut sqlx::Transaction<'_, DB>,
+        exchange: &str,
+        routing_key: &str,
+        payload: &T,
+        options: SendOptions,
+    ) -> Result<String, Error>
+    where
+        DB: OutboxDatabase,
+        T: serde::Serialize + ?Sized,
+    {
+        let outbound = prepare(&Json, exchange, routing_key, payload, options, &self.origin)?;
+        self.enqueue_outbound(tx, &outbound).await
+    }
+
+    /// Writes an already built message (for example one [`acemq::publish::prepare`]d with
+    /// another codec) in the caller's transaction. It must have a `message_id`.
+    pub async fn enqueue_outbound<DB>(
+        &self,
+        tx: &mut sqlx::Transaction<'_, DB>,
+        outbound: &Outbound,
+    ) -> Result<String, Error>
+    where
+        DB: OutboxDatabase,
+    {
+        let p = &outbound.properties;
+        let id = p
+            .message_id
+            .clone()
+            .filter(|id| !id.is_empty() && id.chars().count() <= 255)
+            .ok_or_else(|| {
+                Error::InvalidArgument(
+                    "an outbox message needs a message_id of 1 to 255 characters".into(),
+                )
+            })?;
+        let timestamp = p
+            .timestamp
+            .map(|t| {
+                i64::try_from(t)
+                    .map_err(|_| Error::InvalidArgument(format!("timestamp {t} out of range")))
+            })
+            .transpose()?;
+        let row = NewRow {
+            id: id.clone(),
+            exchange: outbound.exchange.clone(),
+            routing_key: outbound.routing_key.clone(),
+            p: p.clone(),
+            delivery_mode: p.delivery_mode.map(i16::from),
+            priority: p.priority.map(i16::from),
+            timestamp,
+            headers: headers_json::encode(&p.headers),
+            body: outbound.body.to_vec(),
+            created_at: now_millis(),
+        };
+        let sql = if DB::DIALECT == self.pool.dialect() {
+            self.sql.insert.clone()
+        } else {
+            insert_sql(DB::DIALECT, &self.table).into()
+        };
+        DB::insert_row(&mut **tx, sql, &row).await?;
+        Ok(id)
+    }
+
+    /// Rows waiting to be published (not published, not retired).
+    pub async fn pending_count(&self) -> Result<u64, Error> {
+        let sql = self.sql.pending_count.clone();
+        let n: i64 = on_pool!(&self.pool, p => sqlx::query(AssertSqlSafe(sql)).fetch_one(p).await?.try_get(0)?);
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
+    /// One row by message id.
+    pub async fn record(&self, id: &str) -> Result<Option<OutboxRecord>, Error> {
+        let sql = self.sql.by_id.clone();
+        Ok(on_pool!(&self.pool, p => {
+            match sqlx::query(AssertSqlSafe(sql)).bind(id).fetch_optional(p).await? {
+                Some(row) => Some(read_record!(&row)),
+                None => None,
+            }
+        }))
+    }
+
+    /// The retired rows (failed `max_attempts` times), oldest first.
+    pub async fn retired(&self) -> Result<Vec<OutboxRecord>, Error> {
+        let sql = self.sql.retired.clone();
+        Ok(on_pool!(&self.pool, p => {
+            let mut out = Vec::new();
+            for row in sqlx::query(AssertSqlSafe(sql)).fetch_all(p).await? {
+                out.push(read_record!(&row));
+            }
+            out
+        }))
+    }
+
+    /// Deletes rows published more than `older_than` ago; returns how many. Schedule it if
+    /// you do not want to keep published rows.
+    pub async fn purge_published(&self, older_than: Duration) -> Result<u64, Error> {
+        let before = now_millis().saturating_sub(millis(older_than));
+        let sql = self.sql.purge_published.clone();
+        Ok(
+            on_pool!(&self.pool, p => sqlx::query(AssertSqlSafe(sql)).bind(before).execute(p).await?.rows_affected()),
+        )
+    }
+
+    /// Leases up to `limit` pending rows to `token` until `now + lease` and reads them.
+    /// Rows that cannot be read are returned as errors with their id.
+    async fn claim_batch(
+        &self,
+        token: &str,
+        limit: u32,
+        lease: Duration,
+    ) -> Result<Vec<Result<OutboxRecord, (String, Error)>>, Error> {
+        let now = now_millis();
+        let until = now.saturating_add(millis(lease));
+        let claim = self.sql.claim.clone();
+        let fetch = self.sql.fetch_claimed.clone();
+        let limit = i64::from(limit);
+        Ok(on_pool!(&self.pool, p => {
+            sqlx::query(AssertSqlSafe(claim))
+                .bind(token)
+                .bind(until)
+                .bind(now)
+                .bind(limit)
+                .execute(p)
+                .await?;
+            let rows = sqlx::query(AssertSqlSafe(fetch)).bind(token).fetch_all(p).await?;
+            let mut out = Vec::with_capacity(rows.len());
+            for row in &rows {
+                let read = (|| -> Result<OutboxRecord, Error> { Ok(read_record!(row)) })();
+                out.push(read.map_err(|e| (row.try_get::<String, _>("id").unwrap_or_default(), e)));
+            }
+            out
+        }))
+    }
+
+    async fn mark_published(&self, id: &str) -> Result<(), Error> {
+        let sql = self.sql.mark_published.clone();
+        let now = now_millis();
+        on_pool!(&self.pool, p => sqlx::query(AssertSqlSafe(sql)).bind(now).bind(id).execute(p).await.map(|_| ())?);
+        Ok(())
+    }
+
+    async fn mark_failed(
+        &self,
+        id: &str,
+        error: &str,
+        max_attempts: u32,
+        retry_delay: Duration,
+    ) -> Result<(), Error> {
+        let sql = self.sql.mark_failed.clone();
+        let now = now_millis();
+        let error: String = error.chars().take(LAST_ERROR_MAX_CHARS).collect();
+        let max = i32::try_from(max_attempts).unwrap_or(i32::MAX);
+        let retry_at = now.saturating_add(millis(retry_delay));
+        on_pool!(&self.pool, p => sqlx::query(AssertSqlSafe(sql))
+            .bind(max)
+            .bind(now)
+            .bind(error.as_str())
+            .bind(retry_at)
+            .bind(id)
+            .execute(p)
+            .await
+            .map(|_| ())?);
+        Ok(())
+    }
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    published: AtomicU64,
+    failed: AtomicU64,
+    retired: AtomicU64,
+}
+
+#[derive(Clone, Debug)]
+struct Worker {
+    connection: Connection,
+    outbox: Outbox,
+    batch_size: u32,
+    poll_interval: Duration,
+    lease: Duration,
+    max_attempts: u32,
+    retry_delay: Duration,
+    owner: String,
+    counters: Arc<Counters>,
+}
+
+impl Worker {
+    async fn drain_batch(&self) -> Result<usize, Error> {
+        let token = format!("{}:{}", self.owner, uuid::Uuid::new_v4().simple());
+        let rows = self
+            .outbox
+            .claim_batch(&token, self.batch_size, self.lease)
+            .await?;
+        let n = rows.len();
+        for row in rows {
+            let (id, attempts, result) = match row {
+                Ok(record) => {
+                    let r = self.connection.publish_prepared(record.to_outbound()).await;
+                    (record.id, record.attempts, r.map_err(|e| e.to_string()))
+                }
+                Err((id, e)) => (id, 0, Err(e.to_string())),
+            };
+            let marked = match result {
+                Ok(_) => {
+                    let m = self.outbox.mark_published(&id).await;
+                    if m.is_ok() {
+                        self.counters.published.fetch_add(1, Ordering::Relaxed);
+                    }
+                    m
+                }
+                Err(reason) => {
+                    tracing::warn!(message_id = %id, attempts = attempts + 1, error = %reason, "outbox publish failed");
+                    let m = self
+                        .outbox
+                        .mark_failed(&id, &reason, self.max_attempts, self.retry_delay)
+                        .await;
+                    self.counters.failed.fetch_add(1, Ordering::Relaxed);
+                    if m.is_ok() && attempts + 1 >= self.max_attempts {
+                        tracing::warn!(message_id = %id, "outbox row retired after {} failed publishes; it is kept in the table", attempts + 1);
+                        self.counters.retired.fetch_add(1, Ordering::Relaxed);
+                    }
+                    m
+                }
+            };
+            if let Err(e) = marked {
+                // The row stays leased until its lease ends, then is published again
+                // (at least once).
+                tracing::warn!(message_id = %id, error = %e, "could not record the outbox row's outcome; it will be retried after its lease");
+            }
+        }
+        Ok(n)
+    }
+
+    async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+        loop {
+            if *stop.borrow() {
+                break;
+            }
+            let n = match self.drain_batch().await {
+                Ok(n) => n,
+                Err(e) => {
+                    tracing::warn!(error = %e, "outbox relay could not claim a batch; trying again after the poll interval");
+                    0
+                }
+            };
+            if *stop.borrow() {
+                break;
+            }
+            if n > 0 && n >= self.batch_size as usize {
+                continue;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(self.poll_interval) => {}
+                _ = stop.changed() => {}
+            }
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Running {
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+/// Publishes what the outbox holds: claims pending rows under a lease, publishes each with
+/// [`Connection::publish_prepared`] (mandatory, confirmed, the stored bytes and message id
+/// verbatim), and marks it published, or records the failure.
+///
+/// Defaults: batch [`DEFAULT_BATCH_SIZE`], poll [`DEFAULT_POLL_INTERVAL`], lease
+/// [`DEFAULT_LEASE`] (keep it well above the time a batch takes to publish), max attempts
+/// [`DEFAULT_MAX_ATTEMPTS`], retry delay [`DEFAULT_RETRY_DELAY`].
+///
+/// ```no_run
+/// # #[cfg(feature = "sqlite")]
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use acemq_sql::outbox::{Outbox, OutboxRelay};
+/// use std::time::Duration;
+/// let pool = sqlx::SqlitePool::connect("sqlite://app.db").await?;
+/// let mq = acemq::Connection::connect("amqp://127.0.0.1").await?;
+/// let relay = OutboxRelay::new(mq, Outbox::new(pool))
+///     .batch_size(500)
+///     .poll_interval(Duration::from_millis(200))
+///     .max_attempts(5);
+/// relay.start()?;
+/// // ...
+/// relay.stop().await; // finishes the batch in hand
+/// println!("published {}, failed {}", relay.published(), relay.failed());
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct OutboxRelay {
+    worker: Arc<Worker>,
+    running: std::sync::Mutex<Option<Running>>,
+}
+
+impl OutboxRelay {
+    /// A relay publishing `outbox`'s rows on `connection`.
+    pub fn new(connection: Connection, outbox: Outbox) -> Self {
+        OutboxRelay {
+            worker: Arc::new(Worker {
+                connection,
+                outbox,
+                batch_size: DEFAULT_BATCH_SIZE,
+                poll_interval: DEFAULT_POLL_INTERVAL,
+                lease: DEFAULT_LEASE,
+                max_attempts: DEFAULT_MAX_ATTEMPTS,
+                retry_delay: DEFAULT_RETRY_DELAY,
+                owner: default_owner(),
+                counters: Arc::default(),
+            }),
+            running: std::sync::Mutex::new(None),
+        }
+    }
+
+    fn set(mut self, f: impl FnOnce(&mut Worker)) -> Self {
+        f(Arc::make_mut(&mut self.worker));
+        self
+    }
+
+    /// Rows claimed per batch (at least 1).
+    pub fn batch_size(self, n: u32) -> Self {
+        self.set(|w| w.batch_size = n.max(1))
+    }
+
+    /// The pause between polls when there was less than a full batch.
+    pub fn poll_interval(self, d: Duration) -> Self {
+        self.set(|w| w.poll_interval = d)
+    }
+
+    /// How long claimed rows are reserved for this relay; after it, another relay may
+    /// claim (and publish) them again. Keep it well above the time a batch takes.
+    pub fn lease(self, d: Duration) -> Self {
+        self.set(|w| w.lease = d.max(Duration::from_millis(1)))
+    }
+
+    /// Failed publishes after which a row is retired (at least 1).
+    pub fn max_attempts(self, n: u32) -> Self {
+        self.set(|w| w.max_attempts = n.max(1))
+    }
+
+    /// The wait before a failed row is tried again.
+    pub fn retry_delay(self, d: Duration) -> Self {
+        self.set(|w| w.retry_delay = d)
+    }
+
+    /// Starts polling in a Tokio task. Must be called within a Tokio runtime.
+    pub fn start(&self) -> Result<(), Error> {
+        let handle = tokio::runtime::Handle::try_current().map_err(|_| {
+            Error::InvalidArgument(
+                "OutboxRelay::start must be called within a Tokio runtime".into(),
+            )
+        })?;
+        let mut running = self
+            .running
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if running.as_ref().is_some_and(|r| !r.task.is_finished()) {
+            return Err(Error::AlreadyRunning);
+        }
+        let (stop, rx) = watch::channel(false);
+        let task = handle.spawn(self.worker.clone().run(rx));
+        *running = Some(Running { stop, task });
+        Ok(())
+    }
+
+    /// Stops polling: the batch in hand is finished (published and marked) first.
+    pub async fn stop(&self) {
+        let running = self
+            .running
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(r) = running {
+            let _ = r.stop.send(true);
+            let _ = r.task.await;
+        }
+    }
+
+    /// Whether the polling task is running.
+    pub fn is_running(&self) -> bool {
+        self.running
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .is_some_and(|r| !r.task.is_finished())
+    }
+
+    /// Claims and publishes one batch now; returns how many rows it handled (published or
+    /// failed). Usable without [`start`](Self::start).
+    pub async fn drain_once(&self) -> Result<usize, Error> {
+        self.worker.drain_batch().await
+    }
+
+    /// Rows published and marked so far.
+    pub fn published(&self) -> u64 {
+        self.worker.counters.published.load(Ordering::Relaxed)
+    }
+
+    /// Failed publishes so far.
+    pub fn failed(&self) -> u64 {
+        self.worker.counters.failed.load(Ordering::Relaxed)
+    }
+
+    /// Rows retired so far.
+    pub fn retired(&self) -> u64 {
+        self.worker.counters.retired.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for OutboxRelay {
+    /// Asks the polling task to stop after its current batch (without waiting).
+    fn drop(&mut self) {
+        if let Ok(mut r) = self.running.lock()
+            && let Some(r) = r.take()
+        {
+            let _ = r.stop.send(true);
+        }
+    }
+}

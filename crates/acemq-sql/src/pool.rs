@@ -1,0 +1,120 @@
+//! The backends: one sqlx pool type per enabled feature.
+
+/// The SQL dialect a statement is written in.
+///
+/// ```
+/// use acemq_sql::Dialect;
+/// assert_eq!(Dialect::Postgres.placeholder(2), "$2");
+/// assert_eq!(Dialect::MySql.placeholder(2), "?");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Dialect {
+    /// PostgreSQL.
+    Postgres,
+    /// MySQL 8 or MariaDB (10.6 and later).
+    MySql,
+    /// SQLite 3.35 or later (the bundled one is).
+    Sqlite,
+}
+
+impl Dialect {
+    /// The `n`th (1-based) bind placeholder: `$n` for PostgreSQL, `?` elsewhere.
+    pub fn placeholder(self, n: usize) -> String {
+        match self {
+            Dialect::Postgres => format!("${n}"),
+            Dialect::MySql | Dialect::Sqlite => "?".into(),
+        }
+    }
+
+    /// Placeholders `first..first+count`, comma-separated.
+    pub(crate) fn placeholders(self, first: usize, count: usize) -> String {
+        (first..first + count)
+            .map(|n| self.placeholder(n))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// A database pool of one of the enabled backends. Build it with `From`:
+/// `SqlPool::from(pg_pool)`, or pass a pool wherever `impl Into<SqlPool>` is taken.
+///
+/// ```no_run
+/// # #[cfg(feature = "sqlite")]
+/// # async fn demo() -> Result<(), sqlx::Error> {
+/// let pool = sqlx::sqlite::SqlitePoolOptions::new().connect("sqlite::memory:").await?;
+/// let pool = acemq_sql::SqlPool::from(pool);
+/// assert_eq!(pool.dialect(), acemq_sql::Dialect::Sqlite);
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub enum SqlPool {
+    /// A PostgreSQL pool.
+    #[cfg(feature = "postgres")]
+    Postgres(sqlx::PgPool),
+    /// A MySQL or MariaDB pool.
+    #[cfg(feature = "mysql")]
+    MySql(sqlx::MySqlPool),
+    /// A SQLite pool.
+    #[cfg(feature = "sqlite")]
+    Sqlite(sqlx::SqlitePool),
+    /// No backend feature is enabled; never constructed.
+    #[doc(hidden)]
+    #[cfg(not(any(feature = "postgres", feature = "mysql", feature = "sqlite")))]
+    _None(std::convert::Infallible),
+}
+
+impl SqlPool {
+    /// Which dialect this pool speaks.
+    pub fn dialect(&self) -> Dialect {
+        match self {
+            #[cfg(feature = "postgres")]
+            SqlPool::Postgres(_) => Dialect::Postgres,
+            #[cfg(feature = "mysql")]
+            SqlPool::MySql(_) => Dialect::MySql,
+            #[cfg(feature = "sqlite")]
+            SqlPool::Sqlite(_) => Dialect::Sqlite,
+            #[cfg(not(any(feature = "postgres", feature = "mysql", feature = "sqlite")))]
+            SqlPool::_None(n) => match *n {},
+        }
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl From<sqlx::PgPool> for SqlPool {
+    fn from(p: sqlx::PgPool) -> Self {
+        SqlPool::Postgres(p)
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl From<sqlx::MySqlPool> for SqlPool {
+    fn from(p: sqlx::MySqlPool) -> Self {
+        SqlPool::MySql(p)
+    }
+}
+
+#[cfg(feature = "sqlite")]
+impl From<sqlx::SqlitePool> for SqlPool {
+    fn from(p: sqlx::SqlitePool) -> Self {
+        SqlPool::Sqlite(p)
+    }
+}
+
+/// Runs the same body against whichever pool this is (`$p` is the concrete `&Pool<DB>`);
+/// each arm is type-checked for its own backend.
+macro_rules! on_pool {
+    ($pool:expr, $p:ident => $body:expr) => {
+        match $pool {
+            #[cfg(feature = "postgres")]
+            $crate::pool::SqlPool::Postgres($p) => $body,
+            #[cfg(feature = "mysql")]
+            $crate::pool::SqlPool::MySql($p) => $body,
+            #[cfg(feature = "sqlite")]
+            $crate::pool::SqlPool::Sqlite($p) => $body,
+            #[cfg(not(any(feature = "postgres", feature = "mysql", feature = "sqlite")))]
+            $crate::pool::SqlPool::_None(n) => match *n {},
+        }
+    };
+}

@@ -1,0 +1,188 @@
+//! Idempotent consuming: remembering which messages were handled, so a redelivery is not
+//! handled twice.
+//!
+//! Every broker worth using delivers at least once, so a consumer will see some messages
+//! twice: a redelivery after a crash, a retry that had in fact succeeded, an outbox relay
+//! that published before it could record doing so. An [`IdempotencyStore`] remembers, per
+//! message id (the envelope's `x-acemq-id`, which every retry hop and replay keeps), whether
+//! the message is being handled or was handled.
+//!
+//! # Three states, not two
+//!
+//! A store answers a [`try_claim`](IdempotencyStore::try_claim) with one of three outcomes:
+//!
+//! * [`ClaimOutcome::Claimed`]: nobody holds it; run the handler, then
+//!   [`confirm`](IdempotencyStore::confirm) on success or
+//!   [`release`](IdempotencyStore::release) on failure (so the retry is not mistaken for a
+//!   duplicate).
+//! * [`ClaimOutcome::Duplicate`]: it was handled and confirmed; accept it without running
+//!   the handler.
+//! * [`ClaimOutcome::InProgress`]: someone holds a live, unconfirmed claim. It is neither
+//!   handled nor accepted: the consumer waits its in-progress delay and puts it back, until
+//!   the claim is confirmed (then it is a duplicate) or the lease runs out (then it is
+//!   taken over). Accepting it would lose the message if the holder then fails.
+//!
+//! # A claim is a lease, not a fact
+//!
+//! A handler whose process dies releases nothing, so a claim expires on its own after the
+//! claim timeout ([`DEFAULT_CLAIM_TIMEOUT`], five minutes, the figure every AceMQ library
+//! uses), and another consumer may then take it over. A confirmed claim is never taken
+//! over while it is retained: that would hand out completed work again.
+//!
+//! **Set the claim timeout comfortably above your slowest handler**: too short, and a slow
+//! handler's message is handed to a second consumer while the first is still working on
+//! it; too long, and a crash stalls that message for the whole window. **Keep the
+//! consumer's in-progress delay well under the claim timeout** (five seconds against five
+//! minutes by default), so a message waiting on a claim looks again often enough to be
+//! taken over soon after the lease runs out.
+//!
+//! # What "effectively once" means here, and what it does not
+//!
+//! With an idempotent consumer a message's handler runs to a confirmed end once per
+//! retention window, however often the broker delivers it. That is *effectively once* for
+//! the **delivery**, not exactly-once for the **work**:
+//!
+//! * A handler that writes to another database than the store's can commit that write and
+//!   then crash before the confirm lands. The claim expires, the message is taken over, and
+//!   the work is done a second time. Only a handler that writes in the *same* transaction as
+//!   the confirm (or makes its own write idempotent) is safe against that.
+//! * A lease that expires while its handler is still running hands the message to a second
+//!   consumer: two handlers run at once.
+//! * A redelivery after the retention window has passed is handled again.
+//! * [`InMemoryIdempotencyStore`] is per process and forgets everything on restart: it
+//!   deduplicates what one running consumer sees (most redeliveries), not across
+//!   instances or a deploy. For several instances behind one queue use a shared store, such
+//!   as the SQL stores of the `acemq-sql` crate.
+//!
+//! So a handler must still be *safe* to run twice; the store makes running it twice rare.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), acemq::idempotency::StoreError> {
+//! use acemq::idempotency::{ClaimOutcome, IdempotencyStore, InMemoryIdempotencyStore};
+//! let store = InMemoryIdempotencyStore::for_one_day();
+//! assert_eq!(store.try_claim("order-42").await?, ClaimOutcome::Claimed);
+//! // ... the handler succeeded:
+//! store.confirm("order-42").await?;
+//! assert_eq!(store.try_claim("order-42").await?, ClaimOutcome::Duplicate);
+//! # Ok(()) }
+//! ```
+
+mod memory;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::transport::BoxFuture;
+
+pub use memory::InMemoryIdempotencyStore;
+
+/// How long an unconfirmed claim is honoured before another consumer may take it over:
+/// five minutes, the same figure every AceMQ library uses.
+pub const DEFAULT_CLAIM_TIMEOUT: Duration = Duration::from_secs(5 * 60);
+
+/// How long a confirmed message is remembered by default: one day.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// What a claim attempt found.
+///
+/// ```
+/// use acemq::idempotency::ClaimOutcome;
+/// assert_ne!(ClaimOutcome::Claimed, ClaimOutcome::InProgress);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ClaimOutcome {
+    /// We hold it now: run the handler, then confirm or release.
+    Claimed,
+    /// It was handled and confirmed: accept it without running the handler.
+    Duplicate,
+    /// A live, unconfirmed claim is held by someone (maybe a crashed consumer whose lease
+    /// has not run out yet): neither run nor accept it; put it back and look again later.
+    InProgress,
+}
+
+/// Why a store could not answer.
+///
+/// ```
+/// use acemq::idempotency::StoreError;
+/// let e = StoreError::Unavailable("connection refused".into());
+/// assert!(e.to_string().contains("connection refused"));
+/// ```
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The backing store could not be reached or refused the statement. Nothing can be
+    /// concluded about the message: treat it as a failure and let it be retried.
+    #[error("idempotency store unavailable: {0}; the message's state is unknown, retry it later")]
+    Unavailable(String),
+    /// A key, table name or option was not acceptable.
+    #[error("invalid idempotency store input: {0}")]
+    Invalid(String),
+}
+
+/// Remembers which messages were claimed and confirmed, by envelope id.
+///
+/// A claim is atomic: of two callers racing for the same key, one gets `true`. A claim is
+/// a lease: an unconfirmed claim older than the store's claim timeout may be taken over. A
+/// confirmed key is never claimed again while it is retained.
+///
+/// Implement [`claim`](Self::claim), [`confirm`](Self::confirm),
+/// [`release`](Self::release) and [`is_confirmed`](Self::is_confirmed); override
+/// [`try_claim`](Self::try_claim) when the store can answer all three outcomes in one
+/// call (both shipped stores do).
+///
+/// ```
+/// use acemq::idempotency::{IdempotencyStore, InMemoryIdempotencyStore};
+/// use std::sync::Arc;
+/// let store: Arc<dyn IdempotencyStore> = Arc::new(InMemoryIdempotencyStore::for_one_day());
+/// # let _ = store;
+/// ```
+pub trait IdempotencyStore: Send + Sync + 'static {
+    /// Claims `key`: `true` when we hold it now (it was free, or its lease had expired and
+    /// we took it over), `false` when someone holds it or it was confirmed.
+    fn claim<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, StoreError>>;
+
+    /// Records that `key` was handled: it is a duplicate from now on, for the retention.
+    fn confirm<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// Gives up this store's unconfirmed claim on `key`, so a retry can claim it. Does
+    /// nothing to a confirmed key or to someone else's claim.
+    fn release<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// Whether `key` was confirmed (and is still retained).
+    fn is_confirmed<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, StoreError>>;
+
+    /// Claims `key` and says which of the three outcomes it found. The default calls
+    /// [`claim`](Self::claim), then [`is_confirmed`](Self::is_confirmed) to tell a
+    /// duplicate from a message still being handled; a race between the two resolves to
+    /// `InProgress`, which only delays the message.
+    fn try_claim<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<ClaimOutcome, StoreError>> {
+        Box::pin(async move {
+            if self.claim(key).await? {
+                Ok(ClaimOutcome::Claimed)
+            } else if self.is_confirmed(key).await? {
+                Ok(ClaimOutcome::Duplicate)
+            } else {
+                Ok(ClaimOutcome::InProgress)
+            }
+        })
+    }
+}
+
+impl<S: IdempotencyStore + ?Sized> IdempotencyStore for Arc<S> {
+    fn claim<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, StoreError>> {
+        (**self).claim(key)
+    }
+    fn confirm<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        (**self).confirm(key)
+    }
+    fn release<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        (**self).release(key)
+    }
+    fn is_confirmed<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool, StoreError>> {
+        (**self).is_confirmed(key)
+    }
+    fn try_claim<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<ClaimOutcome, StoreError>> {
+        (**self).try_claim(key)
+    }
+}
