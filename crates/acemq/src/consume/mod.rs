@@ -32,6 +32,7 @@ use crate::codec::{Decoder, Json};
 use crate::connection::Connection;
 use crate::envelope::{Envelope, application_headers};
 use crate::error::Error;
+use crate::idempotency::{ClaimOutcome, IdempotencyStore};
 use crate::intercept::{ConsumeContext, HandleResult};
 use crate::lifecycle::{ConsumerControl, Gate, Lifecycle};
 use crate::observe::trace::{self, TraceContext};
@@ -41,6 +42,9 @@ use crate::transport::{ConsumeSpec, Delivery, Subscription};
 use settle::{ConsumerMetrics, Outcome, Settler, decide};
 use stats::Stats;
 use tracing::Instrument;
+
+/// How long a delivery whose id is claimed elsewhere waits before it is republished.
+pub const DEFAULT_IN_PROGRESS_DELAY: Duration = Duration::from_secs(5);
 
 /// The default prefetch window.
 pub const DEFAULT_PREFETCH: u16 = 50;
@@ -57,12 +61,30 @@ pub const DEFAULT_PREFETCH: u16 = 50;
 ///     .with_retry(RetryPolicy::exponential(5, Duration::from_secs(1), Duration::from_secs(60)).unwrap());
 /// assert_eq!(o.get_prefetch(), 20);
 /// ```
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct ConsumerOptions {
     prefetch: u16,
     concurrency: usize,
     retry: Option<RetryPolicy>,
     retry_delay_without_policy: Duration,
+    idempotency: Option<Arc<dyn IdempotencyStore>>,
+    in_progress_delay: Duration,
+}
+
+impl std::fmt::Debug for ConsumerOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConsumerOptions")
+            .field("prefetch", &self.prefetch)
+            .field("concurrency", &self.concurrency)
+            .field("retry", &self.retry)
+            .field(
+                "retry_delay_without_policy",
+                &self.retry_delay_without_policy,
+            )
+            .field("idempotent", &self.idempotency.is_some())
+            .field("in_progress_delay", &self.in_progress_delay)
+            .finish()
+    }
 }
 
 impl Default for ConsumerOptions {
@@ -72,6 +94,8 @@ impl Default for ConsumerOptions {
             concurrency: 1,
             retry: None,
             retry_delay_without_policy: settle::DEFAULT_RETRY_DELAY_WITHOUT_POLICY,
+            idempotency: None,
+            in_progress_delay: DEFAULT_IN_PROGRESS_DELAY,
         }
     }
 }
@@ -95,6 +119,20 @@ impl ConsumerOptions {
     /// The delay between attempts when there is no policy (default 5 s).
     pub fn retry_delay_without_policy(mut self, delay: Duration) -> Self {
         self.retry_delay_without_policy = delay;
+        self
+    }
+    /// Deduplicates by envelope id through `store`: the handler runs only after a claim;
+    /// a confirmed id is acked without running it; an id another consumer is still
+    /// working on waits [`ConsumerOptions::with_in_progress_delay`] and is republished to
+    /// the queue with its attempt unchanged. See [`crate::idempotency`].
+    pub fn idempotent(mut self, store: impl IdempotencyStore) -> Self {
+        self.idempotency = Some(Arc::new(store));
+        self
+    }
+    /// How long a delivery whose id is claimed elsewhere waits before it is republished
+    /// (default 5 s; keep it well under the store's claim timeout).
+    pub fn with_in_progress_delay(mut self, delay: Duration) -> Self {
+        self.in_progress_delay = delay;
         self
     }
     /// The configured prefetch.
@@ -149,6 +187,8 @@ struct Ctx<T, F> {
     handler: F,
     policy: Option<RetryPolicy>,
     no_policy_delay: Duration,
+    idempotency: Option<Arc<dyn IdempotencyStore>>,
+    in_progress_delay: Duration,
     in_flight: Arc<AtomicUsize>,
 }
 
@@ -233,6 +273,8 @@ impl Connection {
             handler,
             policy: options.retry,
             no_policy_delay: options.retry_delay_without_policy,
+            idempotency: options.idempotency,
+            in_progress_delay: options.in_progress_delay,
             in_flight: in_flight.clone(),
         });
         let (done_tx, done) = watch::channel(false);
@@ -377,9 +419,18 @@ where
                 headers: &headers,
             };
             let refused = chain.iter().find_map(|i| i.before_handle(&cx).err());
-            let outcome = match refused {
-                Some(e) => Outcome::Failed(e),
-                None => {
+            let claim = match (&refused, &ctx.idempotency) {
+                (None, Some(store)) => Some(store.try_claim(envelope.id()).await),
+                _ => None,
+            };
+            let outcome = match (refused, claim) {
+                (Some(e), _) => Outcome::Failed(e),
+                (None, Some(Ok(ClaimOutcome::Duplicate))) => Outcome::Duplicate,
+                (None, Some(Ok(ClaimOutcome::InProgress))) => Outcome::InProgress,
+                (None, Some(Err(e))) => Outcome::Failed(HandlerError::retry(format!(
+                    "the idempotency store could not be asked: {e}"
+                ))),
+                (None, Some(Ok(_))) | (None, None) => {
                     let message = Message {
                         payload,
                         envelope: envelope.clone(),
@@ -391,9 +442,13 @@ where
                         content_type,
                         cancellation: ctx.settler.closing.child_token(),
                     };
-                    trace::scope(trace_ctx, run_handler(&ctx.handler, message))
+                    let outcome = trace::scope(trace_ctx, run_handler(&ctx.handler, message))
                         .instrument(span.clone())
-                        .await
+                        .await;
+                    if let Some(store) = &ctx.idempotency {
+                        record_claim(&**store, envelope.id(), &outcome).await;
+                    }
+                    outcome
                 }
             };
             let result = match &outcome {
@@ -411,6 +466,7 @@ where
         &envelope,
         ctx.policy.as_ref(),
         ctx.no_policy_delay,
+        ctx.in_progress_delay,
     );
     ctx.settler
         .settle(d, &envelope, decision, started, &span)
@@ -418,6 +474,19 @@ where
     metrics.in_flight(-1);
     ctx.lifecycle().handler_finished();
     ctx.in_flight.fetch_sub(1, Ordering::SeqCst);
+}
+
+/// Confirms the claim after success; releases it after a failure (then the policy decides).
+/// A confirm that fails leaves the claim to expire: the work is done, so the message is
+/// still acked, and a redelivery after the lease would run the handler again.
+async fn record_claim(store: &dyn IdempotencyStore, id: &str, outcome: &Outcome) {
+    let result = match outcome {
+        Outcome::Handled => store.confirm(id).await,
+        _ => store.release(id).await,
+    };
+    if let Err(e) = result {
+        tracing::warn!(message_id = id, error = %e, "idempotency store update failed; the claim will expire on its own");
+    }
 }
 
 /// Runs the handler; a panic is a failure like any error, with the panic message as reason.

@@ -47,6 +47,10 @@ pub(crate) enum Outcome {
     Failed(HandlerError),
     /// The body could not be decoded.
     Undecodable(String),
+    /// The idempotency store says this id was handled (confirmed): ack, don't run.
+    Duplicate,
+    /// The idempotency store says another consumer holds a live claim on this id.
+    InProgress,
 }
 
 /// Why a message goes to `{q}.dlq`.
@@ -82,6 +86,11 @@ pub enum Decision {
     },
     /// Hand back with requeue; no attempt spent.
     Release,
+    /// Acked without running the handler: the id was already handled.
+    Duplicate,
+    /// Someone else is working on it: wait, then republish to the same queue with the
+    /// attempt unchanged (no attempt spent, never dead-lettered).
+    InProgress(Duration),
 }
 
 /// Decides a delivery's fate (pure apart from the jitter the policy draws).
@@ -90,9 +99,12 @@ pub(crate) fn decide(
     envelope: &Envelope,
     policy: Option<&RetryPolicy>,
     no_policy_delay: Duration,
+    in_progress_delay: Duration,
 ) -> Decision {
     match outcome {
         Outcome::Handled => Decision::Ack,
+        Outcome::Duplicate => Decision::Duplicate,
+        Outcome::InProgress => Decision::InProgress(in_progress_delay),
         Outcome::Undecodable(e) => Decision::Park {
             reason: bounded(format!("could not be decoded: {e}")),
         },
@@ -208,6 +220,15 @@ impl Settler {
         let counter = match decision {
             Decision::Ack => self.send(&d, ACK, Counter::Acked).await,
             Decision::Release => self.send(&d, REQUEUE, Counter::Released).await,
+            Decision::Duplicate => self.send(&d, ACK, Counter::Duplicate).await,
+            Decision::InProgress(delay) => {
+                if !self.wait(delay).await {
+                    self.send(&d, REQUEUE, Counter::RequeuedOnClose).await
+                } else {
+                    let copy = self.copy(&d, &self.queue, envelope.clone());
+                    self.move_then_ack(&d, copy, Counter::InProgress).await
+                }
+            }
             Decision::Park { reason } => {
                 let mut copy = self.copy_as_delivered(&d, &parked_queue(&self.queue));
                 copy.properties
@@ -261,15 +282,21 @@ impl Settler {
                 other => return self.set_aside_failed(d, &rung, other).await,
             }
         }
-        tokio::select! {
-            biased;
-            _ = self.closing.cancelled() => {
-                return self.send(d, REQUEUE, Counter::RequeuedOnClose).await;
-            }
-            _ = tokio::time::sleep(wait.delay) => {}
+        if !self.wait(wait.delay).await {
+            return self.send(d, REQUEUE, Counter::RequeuedOnClose).await;
         }
         self.move_then_ack(d, self.copy(d, &self.queue, next), Counter::Retried)
             .await
+    }
+
+    /// Waits in the consumer, holding the delivery; `false` when the consumer is closing
+    /// (the message then goes back with its attempt unchanged).
+    async fn wait(&self, delay: Duration) -> bool {
+        tokio::select! {
+            biased;
+            _ = self.closing.cancelled() => false,
+            _ = tokio::time::sleep(delay) => true,
+        }
     }
 
     /// Publishes the copy; acks the original only once the copy is confirmed and routed.

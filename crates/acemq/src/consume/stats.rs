@@ -34,6 +34,10 @@ pub struct ConsumerStats {
     pub settle_failed: u64,
     /// Handed back with requeue because the consumer was closing.
     pub requeued_on_close: u64,
+    /// Acked without running the handler: the id was already handled (idempotency).
+    pub duplicates: u64,
+    /// Republished unchanged because another consumer holds a live claim (`in_progress`).
+    pub in_progress: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -48,6 +52,8 @@ pub(crate) enum Counter {
     RungMissing,
     SettleFailed,
     RequeuedOnClose,
+    Duplicate,
+    InProgress,
 }
 
 impl Counter {
@@ -59,12 +65,14 @@ impl Counter {
             Counter::DeadLettered => Some(ConsumeOutcome::DeadLettered),
             Counter::Rejected => Some(ConsumeOutcome::Rejected),
             Counter::Parked => Some(ConsumeOutcome::Parked),
+            Counter::Duplicate => Some(ConsumeOutcome::Acked),
+            Counter::InProgress => Some(ConsumeOutcome::InProgress),
             _ => None,
         }
     }
 }
 
-const COUNTERS: usize = 10;
+const COUNTERS: usize = 12;
 
 #[derive(Debug, Default)]
 pub(crate) struct Stats([AtomicU64; COUNTERS]);
@@ -87,6 +95,8 @@ impl Stats {
             rung_missing: g(Counter::RungMissing),
             settle_failed: g(Counter::SettleFailed),
             requeued_on_close: g(Counter::RequeuedOnClose),
+            duplicates: g(Counter::Duplicate),
+            in_progress: g(Counter::InProgress),
         }
     }
 }
