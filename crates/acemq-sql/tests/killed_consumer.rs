@@ -61,7 +61,7 @@ async fn child(amqp: &str, pg: &str, queue: &str, table: &str) {
     let options = ConsumerOptions::default().idempotent(store(pg, table, "child").await);
     let _consumer = mq
         .consume(queue, options, move |m: Message<u32>| async move {
-            std::fs::write(marker(&m.queue().to_owned()), m.envelope().id()).unwrap();
+            std::fs::write(marker(m.queue()), m.envelope().id()).unwrap();
             tokio::time::sleep(Duration::from_secs(3600)).await;
             Ok(())
         })
