@@ -34,4 +34,9 @@ pub mod topology;
 pub mod transport;
 
 pub use connection::Connection;
+
+/// The README's tour, compiled as a doctest so it stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeTour;
 pub use error::Error;
