@@ -11,7 +11,10 @@ use tokio::sync::Semaphore;
 
 use crate::envelope::{DEFAULT_CLIENT_NAME, origin_for};
 use crate::error::Error;
-use crate::health::{Health, HealthContributor, HealthRegistry, connection_report};
+use crate::health::{Health, HealthContributor, HealthRegistry, HealthReport, connection_report};
+
+/// The health component listing this connection's consumers.
+pub const CONSUMERS: &str = "consumers";
 use crate::intercept::Interceptors;
 use crate::lifecycle::Lifecycle;
 use crate::topology::Topology;
@@ -201,9 +204,19 @@ impl Connection {
         if self.shared.publishing_paused.load(Ordering::SeqCst) {
             extra.push(("publishing", "paused".into()));
         }
+        let stopped = lifecycle.stopped_consumers();
+        let mut consumers = if stopped.is_empty() {
+            HealthReport::up(CONSUMERS)
+        } else {
+            HealthReport::degraded(CONSUMERS)
+        };
+        consumers = consumers.with_detail("running", lifecycle.running_consumers().to_string());
+        for (queue, reason) in stopped {
+            consumers = consumers.with_detail(format!("stopped.{queue}"), reason);
+        }
         self.shared
             .health
-            .evaluate_with([connection_report(&self.status(), &extra)])
+            .evaluate_with([connection_report(&self.status(), &extra), consumers])
     }
 
     /// Adds a component to [`Connection::health`]. A contributor that errors or panics

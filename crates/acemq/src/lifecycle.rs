@@ -27,12 +27,26 @@ pub const ABANDON_AFTER: Duration = Duration::from_secs(5);
 /// One consumer as the lifecycle sees it.
 #[derive(Debug)]
 pub(crate) struct ConsumerControl {
+    /// The consumed queue.
+    pub(crate) queue: Arc<str>,
+    /// Why the consumer stopped when nobody asked it to (health reports it).
+    pub(crate) ended: Mutex<Option<String>>,
     /// Stops taking deliveries (the run loop cancels its subscription).
     pub(crate) stop: CancellationToken,
     /// Cuts waits short and cancels handler tokens; held deliveries go back.
     pub(crate) closing: CancellationToken,
     /// Set when the consumer's run loop has finished (its channel closed).
     pub(crate) done: watch::Receiver<bool>,
+}
+
+impl ConsumerControl {
+    pub(crate) fn ended(&self, reason: Option<String>) {
+        *self.ended.lock().unwrap_or_else(|e| e.into_inner()) = reason;
+    }
+
+    fn stopped(&self) -> Option<String> {
+        self.ended.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
 }
 
 /// Connection-wide consumer state.
@@ -71,7 +85,9 @@ pub(crate) enum Gate {
 impl Lifecycle {
     pub(crate) fn register(&self, control: Arc<ConsumerControl>) {
         let mut consumers = self.consumers.lock().unwrap_or_else(|e| e.into_inner());
-        consumers.retain(|c| !*c.done.borrow());
+        // Finished consumers are forgotten, unless they stopped on their own: health keeps
+        // reporting those until the process deals with them.
+        consumers.retain(|c| !*c.done.borrow() || c.stopped().is_some());
         consumers.push(control);
     }
 
@@ -136,6 +152,19 @@ impl Lifecycle {
                 return self.in_flight() == 0;
             }
         }
+    }
+
+    /// Consumers that stopped without being asked to: `(queue, reason)`.
+    pub(crate) fn stopped_consumers(&self) -> Vec<(String, String)> {
+        self.controls()
+            .iter()
+            .filter_map(|c| c.stopped().map(|r| (c.queue.to_string(), r)))
+            .collect()
+    }
+
+    /// Consumers registered and running.
+    pub(crate) fn running_consumers(&self) -> usize {
+        self.controls().iter().filter(|c| !*c.done.borrow()).count()
     }
 
     fn controls(&self) -> Vec<Arc<ConsumerControl>> {

@@ -279,13 +279,17 @@ impl Connection {
         });
         let (done_tx, done) = watch::channel(false);
         let control = Arc::new(ConsumerControl {
+            queue: queue.clone(),
             stop: stop.clone(),
             closing,
             done,
+            ended: std::sync::Mutex::new(None),
         });
         self.shared.lifecycle.register(control.clone());
+        let watched = control.clone();
         tokio::spawn(async move {
-            run(subscription, ctx, options.concurrency, stop).await;
+            let ended = run(subscription, ctx, options.concurrency, stop).await;
+            watched.ended(ended);
             done_tx.send_replace(true);
         });
         Ok(Consumer {
@@ -338,11 +342,13 @@ async fn run<T, F, Fut>(
     ctx: Arc<Ctx<T, F>>,
     concurrency: usize,
     stop: CancellationToken,
-) where
+) -> Option<String>
+where
     T: Send + 'static,
     F: Fn(Message<T>) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
 {
+    let mut ended = None;
     let slots = Arc::new(Semaphore::new(concurrency));
     let handlers = TaskTracker::new();
     loop {
@@ -363,11 +369,15 @@ async fn run<T, F, Fut>(
             }
             Some(Err(e)) => {
                 tracing::error!(queue = %ctx.settler.queue, error = %e, "consumer subscription failed");
+                ended = Some(format!("the subscription failed: {e}"));
                 break;
             }
             None => {
                 if !subscription.cancelled_by_us() {
                     tracing::warn!(queue = %ctx.settler.queue, "the broker ended the subscription (queue deleted or node down)");
+                    ended = Some(
+                        "the broker ended the subscription (queue deleted, or its node or connection went down)".into(),
+                    );
                 }
                 break;
             }
@@ -379,6 +389,7 @@ async fn run<T, F, Fut>(
     handlers.close();
     handlers.wait().await;
     let _ = subscription.close().await;
+    ended
 }
 
 async fn handle<T, F, Fut>(ctx: Arc<Ctx<T, F>>, d: Delivery, _slot: OwnedSemaphorePermit)
