@@ -1,6 +1,7 @@
 use std::time::Duration;
 
 use super::*;
+use crate::headers::HeaderValue;
 
 #[test]
 fn identical_declarations_are_folded() {
