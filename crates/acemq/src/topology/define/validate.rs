@@ -4,6 +4,8 @@
 use std::collections::BTreeSet;
 
 use crate::headers::{HeaderValue, Headers};
+#[cfg(doc)]
+use crate::topology::TopologyBuilder;
 use crate::topology::{ExchangeDecl, ExchangeKind, QueueDecl};
 
 /// The prefix RabbitMQ reserves for its own exchanges and queues.
