@@ -15,7 +15,6 @@ use acemq::consume::{ConsumerOptions, HandlerError, Message};
 use acemq::idempotency::IdempotencyStore;
 use acemq::intercept::{ConsumeContext, ConsumeInterceptor};
 use acemq::publish::SendOptions;
-use acemq::topology::QueueDecl;
 use acemq_sql::outbox::{Outbox, OutboxRelay};
 use acemq_sql::{IdempotencyOptions, SqlIdempotencyStore, SqlPool};
 use amqp_support::{Target, eventually, on_each_target, unique};
@@ -70,12 +69,6 @@ async fn drop_table(pool: &SqlPool, table: &str) {
     }
 }
 
-async fn cleanup(mq: &Connection, q: &str) {
-    for s in ["", ".dlq", ".parked"] {
-        let _ = mq.transport().delete_queue(&format!("{q}{s}")).await;
-    }
-}
-
 type Runs = Arc<Mutex<HashMap<String, usize>>>;
 
 fn counting(
@@ -101,10 +94,7 @@ async fn two_consumers_on_two_connections_run_each_id_once() {
             let a = Connection::connect(&target.url()).await.unwrap();
             let b = Connection::connect(&target.url()).await.unwrap();
             let q = unique("idem-two");
-            a.transport()
-                .declare_queue(&QueueDecl::classic(&q))
-                .await
-                .unwrap();
+            amqp_support::declare_classic(&a, &q).await;
             let runs: Runs = Arc::default();
             let mut consumers = Vec::new();
             for (mq, owner) in [(&a, "a"), (&b, "b")] {
@@ -154,7 +144,7 @@ async fn two_consumers_on_two_connections_run_each_id_once() {
             for c in &consumers {
                 c.close().await;
             }
-            cleanup(&a, &q).await;
+            amqp_support::delete_queues(&a, &q, &[]).await;
             a.close().await.ok();
             b.close().await.ok();
             drop_table(&pool, &t).await;
@@ -183,12 +173,7 @@ async fn claimed_and_confirmed_rows_decide_what_the_consumer_does() {
         let pool = pool.clone();
         async move {
             let t = table("idem_rows");
-            let mq = Connection::connect(&target.url()).await.unwrap();
-            let q = unique("idem-rows");
-            mq.transport()
-                .declare_queue(&QueueDecl::classic(&q))
-                .await
-                .unwrap();
+            let (mq, q) = amqp_support::connect_with_classic_queue(&target, "idem-rows").await;
             let seen = Arc::new(Mutex::new(Vec::new()));
             mq.intercept_consume(Attempts(seen.clone()));
             let runs: Runs = Arc::default();
@@ -268,8 +253,7 @@ async fn claimed_and_confirmed_rows_decide_what_the_consumer_does() {
                 "waiting spends no attempt"
             );
             consumer.close().await;
-            cleanup(&mq, &q).await;
-            mq.close().await.ok();
+            amqp_support::teardown(&mq, &q, &[]).await;
             drop_table(&pool, &t).await;
         }
     })
@@ -286,12 +270,7 @@ async fn an_unreachable_store_is_a_retry_never_a_silent_accept() {
             IdempotencyOptions::new().table("no_such_table"),
         )
         .unwrap();
-        let mq = Connection::connect(&target.url()).await.unwrap();
-        let q = unique("idem-broken");
-        mq.transport()
-            .declare_queue(&QueueDecl::classic(&q))
-            .await
-            .unwrap();
+        let (mq, q) = amqp_support::connect_with_classic_queue(&target, "idem-broken").await;
         let runs: Runs = Arc::default();
         let policy = acemq::retry::RetryPolicy::fixed(2, Duration::from_millis(10)).unwrap();
         let consumer = mq
@@ -305,27 +284,19 @@ async fn an_unreachable_store_is_a_retry_never_a_silent_accept() {
             .await
             .unwrap();
         mq.publisher::<u32>("", &q).send(&1).await.unwrap();
-        amqp_support::wait_for_count(&**mq.transport(), &format!("{q}.dlq"), 1, WAIT).await;
-        let d = mq
-            .transport()
-            .get(&format!("{q}.dlq"))
-            .await
-            .unwrap()
-            .unwrap();
+        let d = amqp_support::take_one(&**mq.transport(), &format!("{q}.dlq"), WAIT).await;
         let reason = d.properties.headers["x-acemq-error"]
             .as_str()
             .unwrap()
             .to_owned();
         assert!(reason.contains("idempotency store"), "{reason}");
-        d.acker.ack().await.unwrap();
         assert!(
             runs.lock().unwrap().is_empty(),
             "never handled without a claim"
         );
         assert_eq!(consumer.stats().acked, 0);
         consumer.close().await;
-        cleanup(&mq, &q).await;
-        mq.close().await.ok();
+        amqp_support::teardown(&mq, &q, &[]).await;
     })
     .await;
 }
@@ -346,12 +317,7 @@ async fn the_outbox_feeds_an_idempotent_consumer_that_absorbs_a_relay_republish(
         let pool = pool.clone();
         async move {
             let (outbox_table, idem_table) = (table("outbox"), table("idem_outbox"));
-            let mq = Connection::connect(&target.url()).await.unwrap();
-            let q = unique("outbox-orders");
-            mq.transport()
-                .declare_queue(&QueueDecl::classic(&q))
-                .await
-                .unwrap();
+            let (mq, q) = amqp_support::connect_with_classic_queue(&target, "outbox-orders").await;
             let outbox = Outbox::with_table(pool.clone(), &outbox_table).unwrap();
             outbox.create_table_if_absent().await.unwrap();
             let SqlPool::Postgres(pg) = &pool else {
@@ -396,8 +362,7 @@ async fn the_outbox_feeds_an_idempotent_consumer_that_absorbs_a_relay_republish(
             assert!(runs.values().all(|n| *n == 1), "each order handled once");
             assert_eq!(consumer.stats().duplicates, 180);
             consumer.close().await;
-            cleanup(&mq, &q).await;
-            mq.close().await.ok();
+            amqp_support::teardown(&mq, &q, &[]).await;
             drop_table(&pool, &outbox_table).await;
             drop_table(&pool, &idem_table).await;
         }

@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 use acemq::Connection;
 use acemq::consume::{ConsumerOptions, Message};
 use acemq::publish::SendOptions;
-use acemq::topology::QueueDecl;
 use acemq_sql::{IdempotencyOptions, SqlIdempotencyStore};
 
 /// Kills the child if the test fails before it does.
@@ -92,10 +91,7 @@ async fn a_killed_consumer_leaves_a_claim_that_a_second_consumer_takes_over() {
     let queue = amqp_support::unique("killed");
     let table = format!("t_killed_{}", std::process::id());
     let mq = Connection::connect(&amqp).await.unwrap();
-    mq.transport()
-        .declare_queue(&QueueDecl::classic(&queue))
-        .await
-        .unwrap();
+    amqp_support::declare_classic(&mq, &queue).await;
     let parent_store = store(&pg, &table, "parent").await;
 
     let mut child = Command::new(std::env::current_exe().unwrap())
@@ -158,11 +154,7 @@ async fn a_killed_consumer_leaves_a_claim_that_a_second_consumer_takes_over() {
         "the live claim was respected first"
     );
     consumer.close().await;
-    let _ = mq.transport().delete_queue(&queue).await;
-    for s in [".dlq", ".parked"] {
-        let _ = mq.transport().delete_queue(&format!("{queue}{s}")).await;
-    }
-    mq.close().await.ok();
+    amqp_support::teardown(&mq, &queue, &[]).await;
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(1)
         .connect(&pg)

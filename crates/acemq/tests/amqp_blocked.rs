@@ -7,7 +7,6 @@
 
 mod support;
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use acemq::topology::QueueDecl;
@@ -15,32 +14,7 @@ use acemq::transport::amqp::{AmqpOptions, AmqpTransport};
 use acemq::transport::{
     Confirmation, ConsumeSpec, Outbound, Properties, Transport, TransportError,
 };
-
-fn rabbitmqctl(args: &[&str]) {
-    let status = Command::new("rabbitmqctl")
-        .args(args)
-        .status()
-        .unwrap_or_else(|e| panic!("rabbitmqctl {args:?}: {e}"));
-    assert!(status.success(), "rabbitmqctl {args:?} failed");
-}
-
-/// Sets the memory watermark to 0 (a memory alarm) and restores 0.4 when dropped.
-struct MemoryAlarm;
-
-impl MemoryAlarm {
-    fn raise() -> MemoryAlarm {
-        rabbitmqctl(&["set_vm_memory_high_watermark", "0"]);
-        MemoryAlarm
-    }
-}
-
-impl Drop for MemoryAlarm {
-    fn drop(&mut self) {
-        let _ = Command::new("rabbitmqctl")
-            .args(["set_vm_memory_high_watermark", "0.4"])
-            .status();
-    }
-}
+use support::{MemoryAlarm, publish_confirmed, rabbitmqctl};
 
 fn message(queue: &str, id: &str) -> Outbound {
     let p = Properties {
@@ -69,12 +43,7 @@ async fn a_blocked_publisher_fails_fast_while_consumers_keep_acking() {
     t.declare_queue(&QueueDecl::classic(&q))
         .await
         .expect("declare");
-    let before = t
-        .publish(message(&q, "before"))
-        .await
-        .expect("publish")
-        .await
-        .expect("confirm");
+    let before = publish_confirmed(&t, message(&q, "before")).await;
     assert_eq!(before, Confirmation::Routed);
     let mut status = t.watch_status();
 
@@ -173,12 +142,7 @@ async fn a_blocked_publisher_fails_fast_while_consumers_keep_acking() {
     .expect("connection.unblocked within 10 s")
     .expect("status watch open");
     assert_eq!(t.status().blocked, None);
-    let after = t
-        .publish(message(&q, "after"))
-        .await
-        .expect("publish")
-        .await
-        .expect("confirm");
+    let after = publish_confirmed(&t, message(&q, "after")).await;
     assert_eq!(after, Confirmation::Routed);
     // What the queue holds now: "after", and the in-doubt "trigger" if it landed.
     let mut ids = Vec::new();

@@ -12,11 +12,10 @@ use std::time::{Duration, Instant};
 use acemq::headers::{HeaderValue, Headers};
 use acemq::topology::{ExchangeDecl, ExchangeKind, QueueDecl};
 use acemq::transport::amqp::{AmqpOptions, AmqpTransport};
-use acemq::transport::{
-    Confirmation, ConsumeSpec, Outbound, Properties, Settlement, Transport, TransportError,
-};
+use acemq::transport::{Confirmation, Outbound, Properties, Settlement, Transport, TransportError};
 use lapin::options::BasicGetOptions;
 use lapin::types::AMQPValue;
+use support::spec;
 
 async fn broker() -> Option<(String, AmqpTransport)> {
     let Some(url) = support::amqp_url() else {
@@ -52,15 +51,6 @@ async fn classic_queue(t: &AmqpTransport, prefix: &str) -> String {
 async fn publish_confirmed(t: &AmqpTransport, m: Outbound) -> Result<Confirmation, TransportError> {
     let pending = t.publish(m).await?;
     pending.await
-}
-
-fn spec(queue: &str, prefetch: u16) -> ConsumeSpec {
-    ConsumeSpec {
-        queue: queue.to_owned(),
-        prefetch,
-        consumer_tag: String::new(),
-        exclusive: false,
-    }
 }
 
 fn every_header() -> Headers {

@@ -9,35 +9,11 @@
 mod http_client;
 mod support;
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use acemq::Connection;
 use acemq::consume::{ConsumerOptions, Message};
-use acemq::topology::QueueDecl;
-use support::{eventually, unique};
-
-struct MemoryAlarm;
-
-impl MemoryAlarm {
-    fn raise() -> MemoryAlarm {
-        let ok = Command::new("rabbitmqctl")
-            .args(["set_vm_memory_high_watermark", "0"])
-            .status()
-            .expect("rabbitmqctl")
-            .success();
-        assert!(ok, "rabbitmqctl set_vm_memory_high_watermark 0 failed");
-        MemoryAlarm
-    }
-}
-
-impl Drop for MemoryAlarm {
-    fn drop(&mut self) {
-        let _ = Command::new("rabbitmqctl")
-            .args(["set_vm_memory_high_watermark", "0.4"])
-            .status();
-    }
-}
+use support::{MemoryAlarm, declare_classic, eventually, unique};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_blocked_connection_is_up_with_its_reason_publishes_are_refused_and_consuming_goes_on() {
@@ -50,10 +26,7 @@ async fn a_blocked_connection_is_up_with_its_reason_publishes_are_refused_and_co
         .await
         .unwrap();
     let q = unique("blocked");
-    mq.transport()
-        .declare_queue(&QueueDecl::classic(&q))
-        .await
-        .unwrap();
+    declare_classic(&mq, &q).await;
     let orders = mq.publisher::<u32>("", &q);
     orders.send_all(&[1, 2]).await.unwrap();
 

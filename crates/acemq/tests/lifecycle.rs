@@ -12,28 +12,18 @@ use acemq::consume::{ConsumerOptions, HandlerError, Message};
 use acemq::envelope;
 use acemq::headers::HeaderValue;
 use acemq::retry::RetryPolicy;
-use acemq::topology::QueueDecl;
-use support::{Target, eventually, on_each_target, unique, wait_for_count};
+use support::{
+    Target, connect_with_classic_queue, delete_queues, eventually, on_each_target, take_one,
+    wait_for_count,
+};
 use tokio_util::sync::CancellationToken;
 
 const WAIT: Duration = Duration::from_secs(15);
 
-async fn setup(target: &Target, prefix: &str) -> (Connection, String) {
-    let mq = Connection::connect(&target.url()).await.unwrap();
-    let q = unique(prefix);
-    mq.transport()
-        .declare_queue(&QueueDecl::classic(&q))
-        .await
-        .unwrap();
-    (mq, q)
-}
-
 /// Deletes the queues with a fresh connection (the test's own is closed by then).
 async fn teardown(target: &Target, q: &str) {
     let mq = Connection::connect(&target.url()).await.unwrap();
-    for suffix in ["", ".dlq", ".parked"] {
-        let _ = mq.transport().delete_queue(&format!("{q}{suffix}")).await;
-    }
+    delete_queues(&mq, q, &[]).await;
     mq.close_now().await.ok();
 }
 
@@ -47,7 +37,7 @@ async fn ready_count(target: &Target, q: &str, at_least: u32) -> u32 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drain_answers_false_on_timeout_and_true_when_given_enough_time() {
     on_each_target(|target: Target| async move {
-        let (mq, q) = setup(&target, "drain").await;
+        let (mq, q) = connect_with_classic_queue(&target, "drain").await;
         let consumer = mq
             .consume(
                 &q,
@@ -94,7 +84,7 @@ async fn drain_answers_false_on_timeout_and_true_when_given_enough_time() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn held_deliveries_are_counted_never_acked_and_back_on_the_queue_after_close() {
     on_each_target(|target: Target| async move {
-        let (mq, q) = setup(&target, "held").await;
+        let (mq, q) = connect_with_classic_queue(&target, "held").await;
         let handled = Arc::new(AtomicUsize::new(0));
         let h = handled.clone();
         mq.pause_consuming();
@@ -143,7 +133,7 @@ async fn held_deliveries_are_counted_never_acked_and_back_on_the_queue_after_clo
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resuming_hands_held_deliveries_over() {
     on_each_target(|target: Target| async move {
-        let (mq, q) = setup(&target, "resume").await;
+        let (mq, q) = connect_with_classic_queue(&target, "resume").await;
         mq.pause_consuming();
         let consumer = mq
             .consume(&q, ConsumerOptions::default(), |_m: Message<u32>| async {
@@ -171,7 +161,7 @@ async fn resuming_hands_held_deliveries_over() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn closing_cuts_a_retry_wait_short_and_requeues_with_the_attempt_unchanged() {
     on_each_target(|target: Target| async move {
-        let (mq, q) = setup(&target, "cut-wait").await;
+        let (mq, q) = connect_with_classic_queue(&target, "cut-wait").await;
         let policy = RetryPolicy::fixed(3, Duration::from_secs(20))
             .unwrap()
             .wait_in_broker_from(Duration::ZERO);
@@ -199,16 +189,12 @@ async fn closing_cuts_a_retry_wait_short_and_requeues_with_the_attempt_unchanged
         );
         assert_eq!(consumer.stats().requeued_on_close, 1);
         let check = Connection::connect(&target.url()).await.unwrap();
-        let d = eventually(WAIT, "the requeued message", || async {
-            check.transport().get(&q).await.unwrap()
-        })
-        .await;
+        let d = take_one(&**check.transport(), &q, WAIT).await;
         assert_eq!(
             d.properties.headers[envelope::ATTEMPT],
             HeaderValue::I32(1),
             "attempt unchanged"
         );
-        d.acker.ack().await.unwrap();
         check.close_now().await.ok();
         teardown(&target, &q).await;
     })
@@ -218,7 +204,7 @@ async fn closing_cuts_a_retry_wait_short_and_requeues_with_the_attempt_unchanged
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handler_ignoring_cancellation_is_abandoned_and_its_late_ack_is_dropped() {
     on_each_target(|target: Target| async move {
-        let (mq, q) = setup(&target, "abandon").await;
+        let (mq, q) = connect_with_classic_queue(&target, "abandon").await;
         let finished = Arc::new(tokio::sync::Notify::new());
         let f = finished.clone();
         let consumer = mq

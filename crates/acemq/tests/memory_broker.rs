@@ -9,41 +9,14 @@ use acemq::headers::HeaderValue;
 use acemq::topology::{BindingDecl, ExchangeDecl, ExchangeKind, QueueDecl};
 use acemq::transport::memory::{MemoryBroker, MemoryTransport};
 use acemq::transport::{
-    Confirmation, ConsumeSpec, Delivery, Outbound, Properties, Subscription, Transport,
-    TransportError,
+    Confirmation, Delivery, Outbound, Properties, Subscription, Transport, TransportError,
 };
-use support::unique;
+use support::{body, publish_raw, spec, unique};
 
 const HOUR_MS: i32 = 3_600_000;
 
-fn spec(queue: &str, prefetch: u16) -> ConsumeSpec {
-    ConsumeSpec {
-        queue: queue.to_owned(),
-        prefetch,
-        consumer_tag: String::new(),
-        exclusive: false,
-    }
-}
-
-fn body(d: &Delivery) -> String {
-    String::from_utf8_lossy(&d.body).into_owned()
-}
-
 async fn publish(t: &MemoryTransport, queue: &str, text: &str) -> Confirmation {
-    publish_props(t, queue, text, Properties::default()).await
-}
-
-async fn publish_props(
-    t: &MemoryTransport,
-    queue: &str,
-    text: &str,
-    props: Properties,
-) -> Confirmation {
-    t.publish(Outbound::new("", queue, props, text.to_owned()))
-        .await
-        .unwrap()
-        .await
-        .unwrap()
+    publish_raw(t, queue, Properties::default(), text.as_bytes()).await
 }
 
 async fn next(sub: &mut Box<dyn Subscription>) -> Delivery {
@@ -121,7 +94,7 @@ async fn head_only_expiry_under_a_paused_clock() {
             expiration: Some(ms.into()),
             ..Default::default()
         };
-        publish_props(&t, "wait", text, props).await;
+        publish_raw(&t, "wait", props, text.as_bytes()).await;
     }
     tokio::time::sleep(Duration::from_secs(3600)).await;
     assert_eq!(t.broker().message_count("wait"), Some(2));

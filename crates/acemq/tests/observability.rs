@@ -18,9 +18,11 @@ use acemq::intercept::{
 };
 use acemq::observe::trace::{self, TraceContext};
 use acemq::retry::RetryPolicy;
-use acemq::topology::QueueDecl;
 use acemq::transport::{Outbound, Properties};
-use support::{Target, eventually, on_each_target, unique, wait_for_count};
+use support::{
+    Target, connect_with_classic_queue, declare_classic, eventually, on_each_target, take_one,
+    teardown, unique,
+};
 
 const WAIT: Duration = Duration::from_secs(15);
 
@@ -71,12 +73,7 @@ impl PublishInterceptor for Stamp {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn interceptors_run_in_order_after_handle_always_and_in_reverse() {
     on_each_target(|target: Target| async move {
-        let mq = Connection::connect(&target.url()).await.unwrap();
-        let q = unique("intercept");
-        mq.transport()
-            .declare_queue(&QueueDecl::classic(&q))
-            .await
-            .unwrap();
+        let (mq, q) = connect_with_classic_queue(&target, "intercept").await;
         let log: Log = Arc::default();
         mq.intercept_publish(Stamp);
         mq.intercept_consume(Named("outer", log.clone(), false));
@@ -146,10 +143,7 @@ async fn interceptors_run_in_order_after_handle_always_and_in_reverse() {
             .unwrap_err();
         assert!(matches!(err, acemq::Error::InvalidArgument(_)));
         consumer.close().await;
-        for s in ["", ".dlq", ".parked"] {
-            let _ = mq.transport().delete_queue(&format!("{q}{s}")).await;
-        }
-        mq.close().await.ok();
+        teardown(&mq, &q, &[]).await;
     })
     .await;
 }
@@ -157,12 +151,7 @@ async fn interceptors_run_in_order_after_handle_always_and_in_reverse() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_before_handle_error_ends_in_dlq_after_the_policys_attempts() {
     on_each_target(|target: Target| async move {
-        let mq = Connection::connect(&target.url()).await.unwrap();
-        let q = unique("intercept-refuse");
-        mq.transport()
-            .declare_queue(&QueueDecl::classic(&q))
-            .await
-            .unwrap();
+        let (mq, q) = connect_with_classic_queue(&target, "intercept-refuse").await;
         let log: Log = Arc::default();
         mq.intercept_consume(Named("gate", log.clone(), true));
         let ran = Arc::new(Mutex::new(0));
@@ -183,13 +172,7 @@ async fn a_before_handle_error_ends_in_dlq_after_the_policys_attempts() {
             .await
             .unwrap();
         mq.publisher::<u32>("", &q).send(&1).await.unwrap();
-        wait_for_count(&**mq.transport(), &format!("{q}.dlq"), 1, WAIT).await;
-        let d = mq
-            .transport()
-            .get(&format!("{q}.dlq"))
-            .await
-            .unwrap()
-            .unwrap();
+        let d = take_one(&**mq.transport(), &format!("{q}.dlq"), WAIT).await;
         assert_eq!(
             d.properties.headers["x-acemq-attempt"],
             acemq::headers::HeaderValue::I32(3)
@@ -198,7 +181,6 @@ async fn a_before_handle_error_ends_in_dlq_after_the_policys_attempts() {
             d.properties.headers["x-acemq-error"].as_str(),
             Some("exhausted 3 attempts: gate refused it")
         );
-        d.acker.ack().await.unwrap();
         assert_eq!(*ran.lock().unwrap(), 0, "the handler never ran");
         assert_eq!(
             log.lock()
@@ -210,10 +192,7 @@ async fn a_before_handle_error_ends_in_dlq_after_the_policys_attempts() {
             "after_handle ran every time"
         );
         consumer.close().await;
-        for s in ["", ".dlq", ".parked"] {
-            let _ = mq.transport().delete_queue(&format!("{q}{s}")).await;
-        }
-        mq.close().await.ok();
+        teardown(&mq, &q, &[]).await;
     })
     .await;
 }
@@ -311,11 +290,7 @@ async fn metrics_endpoint_counts_outcomes_and_a_trace_crosses_connections() {
         let publisher = Connection::connect(&target.url()).await.unwrap();
         let consumer_conn = Connection::connect(&target.url()).await.unwrap();
         let q = unique("metrics");
-        publisher
-            .transport()
-            .declare_queue(&QueueDecl::classic(&q))
-            .await
-            .unwrap();
+        declare_classic(&publisher, &q).await;
         let seen: Seen = Arc::default();
         let s = seen.clone();
         let policy = RetryPolicy::fixed(2, Duration::from_millis(10)).unwrap();
@@ -411,10 +386,7 @@ async fn metrics_endpoint_counts_outcomes_and_a_trace_crosses_connections() {
         let health = http_client::get(addr, "/acemq-health").await;
         assert_eq!(health.status, 200);
         consumer.close().await;
-        for s in ["", ".dlq", ".parked"] {
-            let _ = publisher.transport().delete_queue(&format!("{q}{s}")).await;
-        }
-        publisher.close().await.ok();
+        teardown(&publisher, &q, &[]).await;
         consumer_conn.close().await.ok();
     })
     .await;

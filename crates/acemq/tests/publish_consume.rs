@@ -14,11 +14,14 @@ use std::time::Duration;
 use acemq::consume::{ConsumerOptions, Message};
 use acemq::headers::HeaderValue;
 use acemq::publish::SendOptions;
-use acemq::topology::{ExchangeDecl, ExchangeKind, QueueDecl};
-use acemq::transport::{Outbound, Properties};
+use acemq::topology::{ExchangeDecl, ExchangeKind};
+use acemq::transport::Properties;
 use acemq::{Connection, Error};
 use serde::{Deserialize, Serialize};
-use support::{Target, on_each_target, unique, wait_for_count};
+use support::{
+    Target, connect_with_classic_queue, on_each_target, publish_raw, teardown, unique,
+    wait_for_count,
+};
 use tokio::sync::mpsc;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -29,30 +32,10 @@ struct OrderPlaced {
 
 const WAIT: Duration = Duration::from_secs(10);
 
-async fn classic(mq: &Connection, name: &str) {
-    mq.transport()
-        .declare_queue(&QueueDecl::classic(name))
-        .await
-        .expect("declare queue");
-}
-
-async fn cleanup(mq: &Connection, queue: &str) {
-    for q in [
-        queue.to_owned(),
-        format!("{queue}.dlq"),
-        format!("{queue}.parked"),
-    ] {
-        let _ = mq.transport().delete_queue(&q).await;
-    }
-    mq.close().await.ok();
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn typed_round_trip_with_envelope_and_application_headers() {
     on_each_target(|target: Target| async move {
-        let mq = Connection::connect(&target.url()).await.unwrap();
-        let q = unique("roundtrip");
-        classic(&mq, &q).await;
+        let (mq, q) = connect_with_classic_queue(&target, "roundtrip").await;
         let (tx, mut rx) = mpsc::unbounded_channel();
         let consumer = mq
             .consume(
@@ -113,7 +96,7 @@ async fn typed_round_trip_with_envelope_and_application_headers() {
         );
         consumer.close().await;
         assert_eq!(consumer.stats().acked, 1);
-        cleanup(&mq, &q).await;
+        teardown(&mq, &q, &[]).await;
     })
     .await;
 }
@@ -151,9 +134,7 @@ async fn unroutable_publishes_are_errors() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn send_all_returns_one_confirmed_result_per_message() {
     on_each_target(|target: Target| async move {
-        let mq = Connection::connect(&target.url()).await.unwrap();
-        let q = unique("batch");
-        classic(&mq, &q).await;
+        let (mq, q) = connect_with_classic_queue(&target, "batch").await;
         let payloads: Vec<u32> = (0..1000).collect();
         let results = mq
             .publisher::<u32>("", &q)
@@ -186,7 +167,7 @@ async fn send_all_returns_one_confirmed_result_per_message() {
             ),
             "{err}"
         );
-        cleanup(&mq, &q).await;
+        teardown(&mq, &q, &[]).await;
     })
     .await;
 }
@@ -194,9 +175,7 @@ async fn send_all_returns_one_confirmed_result_per_message() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reserved_prefix_is_refused_and_nothing_is_sent() {
     on_each_target(|target: Target| async move {
-        let mq = Connection::connect(&target.url()).await.unwrap();
-        let q = unique("reserved");
-        classic(&mq, &q).await;
+        let (mq, q) = connect_with_classic_queue(&target, "reserved").await;
         let err = mq
             .publisher::<u32>("", &q)
             .send_with(&1, SendOptions::new().header("x-acemq-attempt", 7))
@@ -217,7 +196,7 @@ async fn reserved_prefix_is_refused_and_nothing_is_sent() {
                 .message_count,
             0
         );
-        cleanup(&mq, &q).await;
+        teardown(&mq, &q, &[]).await;
     })
     .await;
 }
@@ -225,16 +204,14 @@ async fn reserved_prefix_is_refused_and_nothing_is_sent() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paused_publishing_is_refused_with_nothing_sent() {
     on_each_target(|target: Target| async move {
-        let mq = Connection::connect(&target.url()).await.unwrap();
-        let q = unique("paused");
-        classic(&mq, &q).await;
+        let (mq, q) = connect_with_classic_queue(&target, "paused").await;
         mq.pause_publishing();
         let err = mq.publisher::<u32>("", &q).send(&1).await.unwrap_err();
         assert!(matches!(err, Error::PublishingPaused) && err.is_refused());
         mq.resume_publishing();
         mq.publisher::<u32>("", &q).send(&2).await.unwrap();
         assert_eq!(wait_for_count(&**mq.transport(), &q, 1, WAIT).await, 1);
-        cleanup(&mq, &q).await;
+        teardown(&mq, &q, &[]).await;
     })
     .await;
 }
@@ -242,9 +219,7 @@ async fn paused_publishing_is_refused_with_nothing_sent() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrency_four_runs_four_handlers_at_once() {
     on_each_target(|target: Target| async move {
-        let mq = Connection::connect(&target.url()).await.unwrap();
-        let q = unique("concurrency");
-        classic(&mq, &q).await;
+        let (mq, q) = connect_with_classic_queue(&target, "concurrency").await;
         let running = Arc::new(AtomicUsize::new(0));
         let peak = Arc::new(AtomicUsize::new(0));
         // Every handler waits until four are inside at once: with fewer in parallel the
@@ -278,7 +253,7 @@ async fn concurrency_four_runs_four_handlers_at_once() {
         .await;
         assert_eq!(peak.load(Ordering::SeqCst), 4);
         consumer.close().await;
-        cleanup(&mq, &q).await;
+        teardown(&mq, &q, &[]).await;
     })
     .await;
 }
@@ -286,9 +261,7 @@ async fn concurrency_four_runs_four_handlers_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_without_acemq_headers_is_consumable() {
     on_each_target(|target: Target| async move {
-        let mq = Connection::connect(&target.url()).await.unwrap();
-        let q = unique("raw");
-        classic(&mq, &q).await;
+        let (mq, q) = connect_with_classic_queue(&target, "raw").await;
         let (tx, mut rx) = mpsc::unbounded_channel();
         let consumer = mq
             .consume(
@@ -305,13 +278,13 @@ async fn a_message_without_acemq_headers_is_consumable() {
             )
             .await
             .unwrap();
-        let raw = Outbound::new(
-            "",
-            q.clone(),
+        publish_raw(
+            &**mq.transport(),
+            &q,
             Properties::default(),
-            br#"{"id":"raw-1","amount_cents":5}"#.to_vec(),
-        );
-        mq.transport().publish(raw).await.unwrap().await.unwrap();
+            br#"{"id":"raw-1","amount_cents":5}"#,
+        )
+        .await;
         let (attempt, kind) = tokio::time::timeout(WAIT, rx.recv())
             .await
             .unwrap()
@@ -319,7 +292,7 @@ async fn a_message_without_acemq_headers_is_consumable() {
         assert_eq!(attempt, 1);
         assert_eq!(kind, q, "type falls back to the routing key");
         consumer.close().await;
-        cleanup(&mq, &q).await;
+        teardown(&mq, &q, &[]).await;
     })
     .await;
 }

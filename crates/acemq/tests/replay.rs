@@ -9,27 +9,19 @@ use std::time::Duration;
 use acemq::Connection;
 use acemq::envelope::{self, Envelope};
 use acemq::headers::HeaderValue;
-use acemq::topology::QueueDecl;
 use acemq::transport::{Delivery, Outbound, Properties, Transport};
-use support::{Target, on_each_target, unique, wait_for_count};
+use support::{
+    Target, connect_with_classic_queue, declare_classic, on_each_target, teardown, wait_for_count,
+};
 
 const WAIT: Duration = Duration::from_secs(20);
 
 async fn setup(target: &Target, prefix: &str) -> (Connection, String) {
-    let mq = Connection::connect(&target.url()).await.unwrap();
-    let q = unique(prefix);
-    let t = mq.transport();
-    for name in [q.clone(), format!("{q}.dlq"), format!("{q}.parked")] {
-        t.declare_queue(&QueueDecl::classic(name)).await.unwrap();
+    let (mq, q) = connect_with_classic_queue(target, prefix).await;
+    for name in [format!("{q}.dlq"), format!("{q}.parked")] {
+        declare_classic(&mq, &name).await;
     }
     (mq, q)
-}
-
-async fn teardown(mq: &Connection, q: &str) {
-    for suffix in ["", ".dlq", ".parked"] {
-        let _ = mq.transport().delete_queue(&format!("{q}{suffix}")).await;
-    }
-    mq.close().await.ok();
 }
 
 /// Puts `n` dead letters into `{q}.dlq` the way the engine writes them.
@@ -151,7 +143,7 @@ async fn replaying_a_thousand_dead_letters_puts_each_back_once_with_provenance()
             assert_eq!(env.replay_count(), 1);
             assert_eq!(env.replayed_from(), Some(format!("{q}.dlq").as_str()));
         }
-        teardown(&mq, &q).await;
+        teardown(&mq, &q, &[]).await;
     })
     .await;
 }
@@ -180,7 +172,7 @@ async fn a_bounded_replay_moves_exactly_that_many_and_keeping_attempts_keeps_the
             .filter(|d| d.properties.headers[envelope::ATTEMPT] == HeaderValue::I32(1))
             .count();
         assert_eq!((reset, kept), (50, 10));
-        teardown(&mq, &q).await;
+        teardown(&mq, &q, &[]).await;
     })
     .await;
 }
@@ -210,7 +202,7 @@ async fn a_filter_replays_what_it_accepts_and_returns_the_rest_together() {
                 .all(|d| d.properties.headers["x-tenant"] == HeaderValue::from("odd"))
         );
         assert_eq!(drain(&**t, &q).await.len(), 10);
-        teardown(&mq, &q).await;
+        teardown(&mq, &q, &[]).await;
     })
     .await;
 }
@@ -254,7 +246,7 @@ async fn replaying_parked_messages_and_replaying_into_a_missing_queue() {
             "{err}"
         );
         assert_eq!(wait_for_count(&**t, &format!("{q}.dlq"), 1, WAIT).await, 1);
-        teardown(&mq, &q).await;
+        teardown(&mq, &q, &[]).await;
     })
     .await;
 }
@@ -285,7 +277,7 @@ async fn a_replay_killed_half_way_loses_nothing() {
             1000,
             "every message is in one queue or the other"
         );
-        teardown(&mq, &q).await;
+        teardown(&mq, &q, &[]).await;
     })
     .await;
 }

@@ -16,9 +16,12 @@ use acemq::envelope::{self, Envelope};
 use acemq::headers::HeaderValue;
 use acemq::retry::RetryPolicy;
 use acemq::topology::{QueueDecl, rung_decl};
-use acemq::transport::{Delivery, Outbound, Properties, Transport};
+use acemq::transport::{Delivery, Properties};
 use acemq::{Connection, Error};
-use support::{Target, eventually, on_each_target, unique};
+use support::{
+    Target, connect_with_classic_queue, eventually, on_each_target, publish_raw, take_one,
+    teardown, unique,
+};
 
 const WAIT: Duration = Duration::from_secs(15);
 
@@ -53,29 +56,6 @@ async fn settled(
     .await;
 }
 
-async fn setup(target: &Target, prefix: &str) -> (Connection, String) {
-    let mq = Connection::connect(&target.url()).await.unwrap();
-    let q = unique(prefix);
-    mq.transport()
-        .declare_queue(&QueueDecl::classic(&q))
-        .await
-        .unwrap();
-    (mq, q)
-}
-
-async fn teardown(mq: &Connection, q: &str, rungs: &[Duration]) {
-    for d in rungs {
-        let _ = mq
-            .transport()
-            .delete_queue(&acemq::topology::retry_queue(q, *d))
-            .await;
-    }
-    for suffix in ["", ".dlq", ".parked"] {
-        let _ = mq.transport().delete_queue(&format!("{q}{suffix}")).await;
-    }
-    mq.close().await.ok();
-}
-
 async fn send_json(mq: &Connection, q: &str, id: &str) {
     mq.publisher::<serde_json::Value>("", q)
         .send_with(
@@ -84,24 +64,6 @@ async fn send_json(mq: &Connection, q: &str, id: &str) {
         )
         .await
         .unwrap();
-}
-
-async fn publish_raw(t: &dyn Transport, q: &str, props: Properties, body: &[u8]) {
-    t.publish(Outbound::new("", q, props, body.to_vec()))
-        .await
-        .unwrap()
-        .await
-        .unwrap();
-}
-
-/// Takes the one message in `queue` (waiting for it), acks it, returns it.
-async fn take_one(t: &dyn Transport, queue: &str) -> Delivery {
-    let d = eventually(WAIT, &format!("a message in {queue}"), || async {
-        t.get(queue).await.unwrap()
-    })
-    .await;
-    d.acker.ack().await.unwrap();
-    d
 }
 
 fn header_str(d: &Delivery, name: &str) -> String {
@@ -116,7 +78,7 @@ fn header_str(d: &Delivery, name: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handler_failing_k_times_runs_k_plus_one_times_with_attempts_from_the_header() {
     on_each_target(|target: Target| async move {
-        let (mq, q) = setup(&target, "k-failures").await;
+        let (mq, q) = connect_with_classic_queue(&target, "k-failures").await;
         let seen = Seen::default();
         let s = seen.clone();
         let policy =
@@ -163,7 +125,7 @@ async fn a_handler_failing_k_times_runs_k_plus_one_times_with_attempts_from_the_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn broker_waits_visit_the_rung_and_exhaustion_lands_in_dlq_with_the_reason() {
     on_each_target(|target: Target| async move {
-        let (mq, q) = setup(&target, "ladder").await;
+        let (mq, q) = connect_with_classic_queue(&target, "ladder").await;
         let second = Duration::from_secs(1);
         let policy = RetryPolicy::fixed(3, second)
             .unwrap()
@@ -214,7 +176,7 @@ async fn broker_waits_visit_the_rung_and_exhaustion_lands_in_dlq_with_the_reason
         }
         let started = std::time::Instant::now();
         send_json(&mq, &q, "m-ladder").await;
-        let dead = take_one(&**t, &format!("{q}.dlq")).await;
+        let dead = take_one(&**t, &format!("{q}.dlq"), WAIT).await;
         assert!(
             started.elapsed() >= Duration::from_millis(1900),
             "two 1 s waits in the broker"
@@ -243,7 +205,7 @@ async fn broker_waits_visit_the_rung_and_exhaustion_lands_in_dlq_with_the_reason
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_consumer_restarted_during_a_broker_wait_keeps_the_wait_and_the_count() {
     on_each_target(|target: Target| async move {
-        let (mq, q) = setup(&target, "restart").await;
+        let (mq, q) = connect_with_classic_queue(&target, "restart").await;
         let wait = Duration::from_secs(2);
         let policy = RetryPolicy::fixed(3, wait)
             .unwrap()
@@ -301,7 +263,7 @@ async fn a_consumer_restarted_during_a_broker_wait_keeps_the_wait_and_the_count(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_age_limit_dead_letters_on_the_first_failure() {
     on_each_target(|target: Target| async move {
-        let (mq, q) = setup(&target, "age").await;
+        let (mq, q) = connect_with_classic_queue(&target, "age").await;
         let policy = RetryPolicy::exponential(5, Duration::from_millis(10), Duration::from_secs(1))
             .unwrap()
             .give_up_after(Duration::from_secs(120));
@@ -324,7 +286,7 @@ async fn the_age_limit_dead_letters_on_the_first_failure() {
             .with_first_seen_millis(envelope::now_millis() - 180_000)
             .write(&mut props.headers, "test@host");
         publish_raw(&**mq.transport(), &q, props, br#"{"id":"old-1"}"#).await;
-        let dead = take_one(&**mq.transport(), &format!("{q}.dlq")).await;
+        let dead = take_one(&**mq.transport(), &format!("{q}.dlq"), WAIT).await;
         assert_eq!(
             header_str(&dead, envelope::ERROR),
             "exceeded the maximum message age of 2m: still failing"
@@ -343,7 +305,7 @@ async fn the_age_limit_dead_letters_on_the_first_failure() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_undecodable_body_is_parked_as_delivered_without_running_the_handler() {
     on_each_target(|target: Target| async move {
-        let (mq, q) = setup(&target, "park").await;
+        let (mq, q) = connect_with_classic_queue(&target, "park").await;
         let seen = Seen::default();
         let s = seen.clone();
         let consumer = mq
@@ -373,7 +335,7 @@ async fn an_undecodable_body_is_parked_as_delivered_without_running_the_handler(
             .insert(envelope::ATTEMPT.into(), HeaderValue::I32(1));
         let body = b"{not json at all \xff";
         publish_raw(&**mq.transport(), &q, props, body).await;
-        let parked = take_one(&**mq.transport(), &format!("{q}.parked")).await;
+        let parked = take_one(&**mq.transport(), &format!("{q}.parked"), WAIT).await;
         assert_eq!(&parked.body[..], &body[..], "bytes unchanged");
         assert_eq!(header_str(&parked, "x-custom"), "kept");
         assert_eq!(
@@ -395,7 +357,7 @@ async fn an_undecodable_body_is_parked_as_delivered_without_running_the_handler(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_dlq_leaves_the_message_in_its_queue_and_the_consumer_serving() {
     on_each_target(|target: Target| async move {
-        let (mq, q) = setup(&target, "no-dlq").await;
+        let (mq, q) = connect_with_classic_queue(&target, "no-dlq").await;
         let consumer = mq
             .consume(
                 &q,
@@ -427,7 +389,7 @@ async fn a_missing_dlq_leaves_the_message_in_its_queue_and_the_consumer_serving(
         consumer.close().await;
         let stats = consumer.stats();
         assert_eq!(stats.rejected, 0, "nothing counted as moved");
-        let d = take_one(&**mq.transport(), &q).await;
+        let d = take_one(&**mq.transport(), &q, WAIT).await;
         assert_eq!(
             d.properties.message_id.as_deref(),
             Some("bad"),
@@ -449,7 +411,7 @@ async fn a_missing_dlq_leaves_the_message_in_its_queue_and_the_consumer_serving(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fatal_goes_to_dlq_after_one_attempt_and_a_huge_reason_is_cut() {
     on_each_target(|target: Target| async move {
-        let (mq, q) = setup(&target, "fatal").await;
+        let (mq, q) = connect_with_classic_queue(&target, "fatal").await;
         let seen = Seen::default();
         let s = seen.clone();
         let policy =
@@ -470,7 +432,7 @@ async fn fatal_goes_to_dlq_after_one_attempt_and_a_huge_reason_is_cut() {
             .await
             .unwrap();
         send_json(&mq, &q, "poison").await;
-        let dead = take_one(&**mq.transport(), &format!("{q}.dlq")).await;
+        let dead = take_one(&**mq.transport(), &format!("{q}.dlq"), WAIT).await;
         let reason = header_str(&dead, envelope::ERROR);
         assert!(reason.starts_with("the handler reported an unprocessable message: xxx"));
         assert!(
@@ -488,7 +450,7 @@ async fn fatal_goes_to_dlq_after_one_attempt_and_a_huge_reason_is_cut() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panicking_handler_is_retried_and_the_consumer_survives() {
     on_each_target(|target: Target| async move {
-        let (mq, q) = setup(&target, "panic").await;
+        let (mq, q) = connect_with_classic_queue(&target, "panic").await;
         let policy =
             RetryPolicy::exponential(3, Duration::from_millis(10), Duration::from_millis(50))
                 .unwrap();
@@ -529,7 +491,7 @@ async fn a_panicking_handler_is_retried_and_the_consumer_survives() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_raw_message_is_retried_and_dead_lettered_like_any_other() {
     on_each_target(|target: Target| async move {
-        let (mq, q) = setup(&target, "raw-retry").await;
+        let (mq, q) = connect_with_classic_queue(&target, "raw-retry").await;
         let policy = RetryPolicy::fixed(2, Duration::from_millis(10)).unwrap();
         let seen = Seen::default();
         let s = seen.clone();
@@ -552,7 +514,7 @@ async fn a_raw_message_is_retried_and_dead_lettered_like_any_other() {
             ..Default::default()
         };
         publish_raw(&**mq.transport(), &q, props, br#"{"plain":true}"#).await;
-        let dead = take_one(&**mq.transport(), &format!("{q}.dlq")).await;
+        let dead = take_one(&**mq.transport(), &format!("{q}.dlq"), WAIT).await;
         assert_eq!(seen.get("raw-1"), vec![1, 2]);
         assert_eq!(
             dead.properties.headers[envelope::ATTEMPT],
@@ -572,7 +534,7 @@ async fn a_raw_message_is_retried_and_dead_lettered_like_any_other() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_consumer_refuses_to_start_when_its_rung_exists_with_other_arguments() {
     on_each_target(|target: Target| async move {
-        let (mq, q) = setup(&target, "bad-rung").await;
+        let (mq, q) = connect_with_classic_queue(&target, "bad-rung").await;
         let delay = Duration::from_secs(60);
         let wrong = rung_decl(&q, delay).argument("x-message-ttl", 1234i64);
         mq.transport().declare_queue(&wrong).await.unwrap();

@@ -11,27 +11,15 @@ use std::time::Duration;
 use acemq::headers::{HeaderValue, Headers};
 use acemq::topology::{BindingDecl, ExchangeDecl, ExchangeKind, QueueDecl};
 use acemq::transport::{
-    Confirmation, ConsumeSpec, Delivery, Outbound, Properties, Settlement, Subscription, Transport,
+    Confirmation, Delivery, Outbound, Properties, Settlement, Subscription, Transport,
     TransportError,
 };
-use support::{eventually, on_each_target, unique, wait_for_count};
+use support::{body, eventually, on_each_target, publish_confirmed, spec, unique, wait_for_count};
 
 const WAIT: Duration = Duration::from_secs(10);
 
-fn body(d: &Delivery) -> String {
-    String::from_utf8_lossy(&d.body).into_owned()
-}
-
-async fn publish_with(t: &dyn Transport, m: Outbound) -> Confirmation {
-    t.publish(m)
-        .await
-        .expect("publish handed over")
-        .await
-        .expect("publish confirmed")
-}
-
 async fn publish(t: &dyn Transport, exchange: &str, key: &str, text: &str) -> Confirmation {
-    publish_with(
+    publish_confirmed(
         t,
         Outbound::new(exchange, key, Properties::default(), text.to_owned()),
     )
@@ -73,15 +61,6 @@ async fn cleanup(t: &dyn Transport, queues: &[&str], exchanges: &[&str]) {
     }
     for x in exchanges {
         t.delete_exchange(x).await.expect("delete exchange");
-    }
-}
-
-fn spec(queue: &str, prefetch: u16) -> ConsumeSpec {
-    ConsumeSpec {
-        queue: queue.to_owned(),
-        prefetch,
-        consumer_tag: String::new(),
-        exclusive: false,
     }
 }
 
@@ -298,7 +277,7 @@ async fn headers_exchange_all_and_any_as_in_the_seed() {
                 ..Default::default()
             };
             let m = Outbound::new(&x, "", props, format!("{class}/{role}"));
-            assert_eq!(publish_with(&*t, m).await, Confirmation::Routed);
+            assert_eq!(publish_confirmed(&*t, m).await, Confirmation::Routed);
         }
         assert_eq!(drain(&*t, &all).await, ["10-A/parent"]);
         assert_eq!(
@@ -324,7 +303,7 @@ async fn mandatory_unroutable_is_returned_and_non_mandatory_is_acked() {
         );
         let mut m = Outbound::new("", &missing, Properties::default(), "dropped");
         m.mandatory = false;
-        assert_eq!(publish_with(&*t, m).await, Confirmation::Routed);
+        assert_eq!(publish_confirmed(&*t, m).await, Confirmation::Routed);
     })
     .await;
 }
@@ -444,7 +423,7 @@ async fn nack_without_requeue_dead_letters_with_x_death() {
             message_id: Some("id-1".into()),
             ..Default::default()
         };
-        publish_with(&*t, Outbound::new("", &src, props, "poison")).await;
+        publish_confirmed(&*t, Outbound::new("", &src, props, "poison")).await;
         let d = t.get(&src).await.expect("get").expect("a message");
         d.acker.nack(false).await.expect("nack");
         wait_for_count(&*t, &dlq, 1, WAIT).await;
@@ -679,7 +658,7 @@ async fn per_message_expiration_dead_letters_and_is_removed() {
             expiration: Some("100".into()),
             ..Default::default()
         };
-        publish_with(&*t, Outbound::new("", &wait, props, "short")).await;
+        publish_confirmed(&*t, Outbound::new("", &wait, props, "short")).await;
         wait_for_count(&*t, &home, 1, WAIT).await;
         let d = t.get(&home).await.expect("get").expect("expired message");
         assert_eq!(body(&d), "short");
@@ -705,7 +684,7 @@ async fn only_the_head_of_a_queue_expires() {
                 expiration: Some(ms.into()),
                 ..Default::default()
             };
-            publish_with(&*t, Outbound::new("", &wait, props, text)).await;
+            publish_confirmed(&*t, Outbound::new("", &wait, props, text)).await;
         }
         // "short" is long overdue but sits behind "long".
         tokio::time::sleep(Duration::from_millis(500)).await;

@@ -1,5 +1,6 @@
 //! Test support shared by every integration test: the conformance harness that runs a
-//! broker-facing test on `memory://` and on RabbitMQ, unique names, polling with deadlines.
+//! broker-facing test on `memory://` and on RabbitMQ, unique names, polling with deadlines,
+//! queue setup and teardown, raw publishing, and the RabbitMQ memory-alarm guard.
 //!
 //! RabbitMQ is reached through `ACEMQ_TEST_AMQP_URL`. When it is unset, broker tests run on
 //! `memory://` only, unless `ACEMQ_TEST_REQUIRE_BROKER=1` (CI), in which case the test fails.
@@ -10,9 +11,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use acemq::transport::Transport;
+use acemq::Connection;
+use acemq::topology::{QueueDecl, retry_queue};
 use acemq::transport::amqp::AmqpTransport;
 use acemq::transport::memory::MemoryTransport;
+use acemq::transport::{Confirmation, ConsumeSpec, Delivery, Outbound, Properties, Transport};
 
 /// Which transport a conformance case runs on.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -207,4 +210,111 @@ pub fn assert_rabbit_queue_arguments(queue: &str, expected: &[(&str, &str, &str)
         .collect();
     want.sort();
     assert_eq!(got, want, "arguments of {queue}");
+}
+
+/// Declares a durable classic queue named `name`.
+pub async fn declare_classic(mq: &Connection, name: &str) {
+    mq.transport()
+        .declare_queue(&QueueDecl::classic(name))
+        .await
+        .expect("declare classic queue");
+}
+
+/// Connects to `target` and declares a classic queue with a [`unique`] name.
+pub async fn connect_with_classic_queue(target: &Target, prefix: &str) -> (Connection, String) {
+    let mq = Connection::connect(&target.url()).await.unwrap();
+    let q = unique(prefix);
+    declare_classic(&mq, &q).await;
+    (mq, q)
+}
+
+/// Deletes, ignoring errors, the rung queues `{q}.retry.{delay}` for `rungs`, then `{q}`,
+/// `{q}.dlq` and `{q}.parked`.
+pub async fn delete_queues(mq: &Connection, q: &str, rungs: &[Duration]) {
+    let t = mq.transport();
+    for d in rungs {
+        let _ = t.delete_queue(&retry_queue(q, *d)).await;
+    }
+    for suffix in ["", ".dlq", ".parked"] {
+        let _ = t.delete_queue(&format!("{q}{suffix}")).await;
+    }
+}
+
+/// [`delete_queues`], then closes the connection.
+pub async fn teardown(mq: &Connection, q: &str, rungs: &[Duration]) {
+    delete_queues(mq, q, rungs).await;
+    mq.close().await.ok();
+}
+
+/// Takes one message from `queue` (waiting up to `timeout` for one), acks it, returns it.
+pub async fn take_one(t: &dyn Transport, queue: &str, timeout: Duration) -> Delivery {
+    let d = eventually(timeout, &format!("a message in {queue}"), || async {
+        t.get(queue).await.unwrap()
+    })
+    .await;
+    d.acker.ack().await.unwrap();
+    d
+}
+
+/// Publishes `m` and waits for its confirmation; panics when either fails.
+pub async fn publish_confirmed(t: &dyn Transport, m: Outbound) -> Confirmation {
+    t.publish(m)
+        .await
+        .expect("publish handed over")
+        .await
+        .expect("publish confirmed")
+}
+
+/// Publishes `body` with `props` straight to `queue` through the default exchange, as a
+/// plain AMQP client would, and waits for the confirmation.
+pub async fn publish_raw(
+    t: &dyn Transport,
+    queue: &str,
+    props: Properties,
+    body: &[u8],
+) -> Confirmation {
+    publish_confirmed(t, Outbound::new("", queue, props, body.to_vec())).await
+}
+
+/// A non-exclusive subscription to `queue` with a broker-chosen consumer tag.
+pub fn spec(queue: &str, prefetch: u16) -> ConsumeSpec {
+    ConsumeSpec {
+        queue: queue.to_owned(),
+        prefetch,
+        consumer_tag: String::new(),
+        exclusive: false,
+    }
+}
+
+/// A delivery's body as text.
+pub fn body(d: &Delivery) -> String {
+    String::from_utf8_lossy(&d.body).into_owned()
+}
+
+/// Runs `rabbitmqctl` with `args`; panics when it cannot be run or fails.
+pub fn rabbitmqctl(args: &[&str]) {
+    let status = std::process::Command::new("rabbitmqctl")
+        .args(args)
+        .status()
+        .unwrap_or_else(|e| panic!("rabbitmqctl {args:?}: {e}"));
+    assert!(status.success(), "rabbitmqctl {args:?} failed");
+}
+
+/// A RabbitMQ memory alarm for the life of the guard: sets the memory watermark to 0, and
+/// restores 0.4 when dropped (also when the test fails).
+pub struct MemoryAlarm;
+
+impl MemoryAlarm {
+    pub fn raise() -> MemoryAlarm {
+        rabbitmqctl(&["set_vm_memory_high_watermark", "0"]);
+        MemoryAlarm
+    }
+}
+
+impl Drop for MemoryAlarm {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("rabbitmqctl")
+            .args(["set_vm_memory_high_watermark", "0.4"])
+            .status();
+    }
 }
