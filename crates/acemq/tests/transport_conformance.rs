@@ -11,7 +11,7 @@ mod support;
 
 use acemq::headers::{HeaderValue, Headers};
 use acemq::topology::{BindingDecl, ExchangeDecl, ExchangeKind};
-use acemq::transport::{Confirmation, Outbound, Properties, Transport, TransportError};
+use acemq::transport::{Confirmation, Outbound, Properties, TransportError};
 use support::{on_each_target, publish_confirmed, unique};
 
 use conformance::*;
