@@ -11,9 +11,7 @@ mod support;
 
 use acemq::headers::HeaderValue;
 use acemq::topology::{ExchangeKind, QueueDecl};
-use acemq::transport::{
-    Delivery, Outbound, Properties, Settlement, Subscription, Transport, TransportError,
-};
+use acemq::transport::{Delivery, Outbound, Properties, Settlement, TransportError};
 use support::{body, on_each_target, publish_confirmed, spec, unique, wait_for_count};
 
 use conformance::*;
