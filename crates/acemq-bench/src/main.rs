@@ -1,0 +1,229 @@
+//! `cargo run --release -p acemq-bench -- [--url URL] [--messages N] [--size BYTES]`
+//!
+//! Runs each scenario through raw lapin and through AceMQ in alternating order, `--rounds`
+//! times, and prints one table of medians (see `crates/acemq-bench/README.md`).
+
+use std::time::Duration;
+
+use acemq_bench::{
+    Broker, QueueKind, Result, Sample, Scenario, Side, memory_publish_consume, peak_rss_kib,
+};
+use clap::Parser;
+
+#[derive(Parser, Debug)]
+#[command(
+    version,
+    about = "AceMQ against raw lapin, and the memory:// transport"
+)]
+struct Args {
+    /// The broker.
+    #[arg(long, default_value = "amqp://guest:guest@127.0.0.1:5672/%2f")]
+    url: String,
+    /// Messages per run for every scenario (default: 5,000 confirm-each, 20,000 pipelined
+    /// and consume, 500 retry, 200,000 memory://).
+    #[arg(long)]
+    messages: Option<u64>,
+    /// Body size in bytes (JSON).
+    #[arg(long, default_value_t = 256)]
+    size: usize,
+    /// Rounds per side; the table shows medians.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Queue types to run the broker scenarios on (`--queues classic,quorum` adds the
+    /// quorum variant; it doubles the run time).
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [QueueKind::Classic])]
+    queues: Vec<QueueKind>,
+    /// Scenarios to run (default: all).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    scenarios: Vec<Scenario>,
+    /// A smoke run: tiny counts, one round.
+    #[arg(long)]
+    quick: bool,
+}
+
+impl Args {
+    fn count(&self, s: Scenario) -> u64 {
+        if let Some(n) = self.messages {
+            return n;
+        }
+        let full = match s {
+            Scenario::ConfirmEach => 5_000,
+            Scenario::Pipelined | Scenario::Consume => 20_000,
+            Scenario::Retry => 500,
+            Scenario::Memory => 200_000,
+        };
+        if self.quick { full / 50 } else { full }
+    }
+}
+
+struct Row {
+    scenario: Scenario,
+    queue: &'static str,
+    messages: u64,
+    raw: Option<Summary>,
+    acemq: Summary,
+}
+
+struct Summary {
+    rate: f64,
+    p50: Option<Duration>,
+    p99: Option<Duration>,
+}
+
+fn median_f64(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn median_dur(v: &[Sample], f: impl Fn(&Sample) -> Option<Duration>) -> Option<Duration> {
+    let mut d: Vec<Duration> = v.iter().filter_map(f).collect();
+    d.sort_unstable();
+    d.get(d.len() / 2).copied()
+}
+
+fn summarize(samples: &[Sample]) -> Summary {
+    Summary {
+        rate: median_f64(samples.iter().map(Sample::rate).collect()),
+        p50: median_dur(samples, |s| s.p50),
+        p99: median_dur(samples, |s| s.p99),
+    }
+}
+
+fn ms(d: Option<Duration>) -> String {
+    d.map(|d| format!("{:.2}", d.as_secs_f64() * 1000.0))
+        .unwrap_or_else(|| "-".into())
+}
+
+fn lat(s: &Summary) -> String {
+    if s.p50.is_none() {
+        return "-".into();
+    }
+    format!("{} / {}", ms(s.p50), ms(s.p99))
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let mut args = Args::parse();
+    if args.quick {
+        args.rounds = 1;
+    }
+    let rounds = args.rounds.max(1);
+    let scenarios: Vec<Scenario> = if args.scenarios.is_empty() {
+        Scenario::ALL.to_vec()
+    } else {
+        args.scenarios.clone()
+    };
+    let needs_broker = scenarios.iter().any(|s| s.has_raw()) && !args.queues.is_empty();
+    let broker = if needs_broker {
+        Some(Broker::connect(&args.url).await?)
+    } else {
+        None
+    };
+    let mut rows = Vec::new();
+    for &scenario in &scenarios {
+        let n = args.count(scenario);
+        if !scenario.has_raw() {
+            let mut samples = Vec::new();
+            for _ in 0..rounds {
+                samples.push(memory_publish_consume(n, args.size).await?);
+            }
+            eprintln!("{:<28} memory   done", scenario.label());
+            rows.push(Row {
+                scenario,
+                queue: "memory",
+                messages: n,
+                raw: None,
+                acemq: summarize(&samples),
+            });
+            continue;
+        }
+        let Some(broker) = &broker else { continue };
+        for &kind in &args.queues {
+            let mut raw = Vec::new();
+            let mut ace = Vec::new();
+            for round in 0..rounds {
+                // raw, acemq, acemq, raw, ...: drift affects both sides alike.
+                let order = if round % 2 == 0 {
+                    [Side::Raw, Side::AceMq]
+                } else {
+                    [Side::AceMq, Side::Raw]
+                };
+                for side in order {
+                    let s = broker.run(scenario, kind, side, n, args.size).await?;
+                    match side {
+                        Side::Raw => raw.push(s),
+                        Side::AceMq => ace.push(s),
+                    }
+                }
+            }
+            eprintln!("{:<28} {:<8} done", scenario.label(), kind.name());
+            rows.push(Row {
+                scenario,
+                queue: kind.name(),
+                messages: n,
+                raw: Some(summarize(&raw)),
+                acemq: summarize(&ace),
+            });
+        }
+    }
+    if let Some(b) = broker {
+        b.close().await?;
+    }
+
+    println!();
+    println!(
+        "{} byte messages, {rounds} round(s), medians; latency p50 / p99 in ms",
+        args.size
+    );
+    println!(
+        "| {:<26} | {:<7} | {:>7} | {:>10} | {:>10} | {:>9} | {:<15} | {:<15} | {:<16} |",
+        "scenario",
+        "queue",
+        "msgs",
+        "raw msg/s",
+        "AceMQ msg/s",
+        "AceMQ/raw",
+        "raw lat",
+        "AceMQ lat",
+        "latency of"
+    );
+    println!(
+        "|{}|{}|{}|{}|{}|{}|{}|{}|{}|",
+        "-".repeat(28),
+        "-".repeat(9),
+        "-".repeat(9),
+        "-".repeat(12),
+        "-".repeat(13),
+        "-".repeat(11),
+        "-".repeat(17),
+        "-".repeat(17),
+        "-".repeat(18)
+    );
+    for r in &rows {
+        let (raw_rate, ratio, raw_lat) = match &r.raw {
+            Some(raw) => (
+                format!("{:.0}", raw.rate),
+                format!("{:.2}x", r.acemq.rate / raw.rate),
+                lat(raw),
+            ),
+            None => ("-".into(), "-".into(), "-".into()),
+        };
+        println!(
+            "| {:<26} | {:<7} | {:>7} | {:>10} | {:>11.0} | {:>9} | {:<15} | {:<15} | {:<16} |",
+            r.scenario.label(),
+            r.queue,
+            r.messages,
+            raw_rate,
+            r.acemq.rate,
+            ratio,
+            raw_lat,
+            lat(&r.acemq),
+            r.scenario.latency_unit().unwrap_or("-"),
+        );
+    }
+    match peak_rss_kib() {
+        Some(kib) => println!("\npeak RSS (VmHWM): {:.1} MiB", kib as f64 / 1024.0),
+        None => println!("\npeak RSS: unavailable (no /proc/self/status)"),
+    }
+    Ok(())
+}
