@@ -67,6 +67,8 @@ pub struct Sample {
     pub messages: u64,
     /// Wall time of the timed part.
     pub elapsed: Duration,
+    /// CPU time (user + system, every thread of this process) spent in the timed part.
+    pub cpu: Duration,
     /// Median latency, where it applies.
     pub p50: Option<Duration>,
     /// 99th percentile latency, where it applies.
@@ -74,11 +76,12 @@ pub struct Sample {
 }
 
 impl Sample {
-    fn new(messages: u64, elapsed: Duration, mut latencies: Vec<Duration>) -> Sample {
+    fn new(messages: u64, span: Span, mut latencies: Vec<Duration>) -> Sample {
         latencies.sort_unstable();
         Sample {
             messages,
-            elapsed,
+            elapsed: span.wall,
+            cpu: span.cpu,
             p50: percentile(&latencies, 0.50),
             p99: percentile(&latencies, 0.99),
         }
@@ -88,6 +91,66 @@ impl Sample {
     pub fn rate(&self) -> f64 {
         self.messages as f64 / self.elapsed.as_secs_f64().max(1e-9)
     }
+
+    /// Client CPU microseconds per message (10 ms clock-tick resolution over the run).
+    pub fn cpu_us_per_message(&self) -> f64 {
+        self.cpu.as_secs_f64() * 1e6 / (self.messages.max(1) as f64)
+    }
+}
+
+/// Wall and CPU time of a timed part.
+#[derive(Clone, Copy, Debug)]
+pub struct Span {
+    /// Wall time.
+    pub wall: Duration,
+    /// Process CPU time.
+    pub cpu: Duration,
+}
+
+/// Starts timing wall and process CPU time.
+#[derive(Clone, Copy, Debug)]
+pub struct Clock {
+    wall: Instant,
+    cpu: Duration,
+}
+
+impl Clock {
+    /// Now.
+    pub fn start() -> Clock {
+        Clock {
+            wall: Instant::now(),
+            cpu: process_cpu(),
+        }
+    }
+
+    /// Since [`Clock::start`].
+    pub fn elapsed(&self) -> Span {
+        Span {
+            wall: self.wall.elapsed(),
+            cpu: process_cpu().saturating_sub(self.cpu),
+        }
+    }
+}
+
+/// User + system CPU time of this process (all threads) from `/proc/self/stat`; zero where
+/// unavailable. Clock ticks are taken as 100 Hz (Linux's USER_HZ).
+pub fn process_cpu() -> Duration {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return Duration::ZERO;
+    };
+    // Fields after the command name (which may contain spaces) start at field 3.
+    let Some(rest) = stat.rfind(')').map(|i| &stat[i + 2..]) else {
+        return Duration::ZERO;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    // utime is field 14 and stime field 15 (1-based), i.e. 11 and 12 here.
+    Duration::from_millis((ticks(11) + ticks(12)) * 10)
 }
 
 /// The `q` quantile of sorted values (nearest rank); `None` when empty.
@@ -428,7 +491,7 @@ pub async fn acemq_confirm_each(
     let items = payloads(n, size);
     let publisher = mq.publisher::<Payload>("", queue);
     let mut latencies = Vec::with_capacity(items.len());
-    let started = Instant::now();
+    let started = Clock::start();
     for p in &items {
         let t = Instant::now();
         publisher.send(p).await?;
@@ -448,7 +511,7 @@ pub async fn raw_confirm_each(
     let ch = confirm_channel(conn).await?;
     let routing_key = short(queue)?;
     let mut latencies = Vec::with_capacity(items.len());
-    let started = Instant::now();
+    let started = Clock::start();
     for p in &items {
         let t = Instant::now();
         let body = serde_json::to_vec(p)?;
@@ -477,7 +540,7 @@ pub async fn acemq_pipelined(
     let items = payloads(n, size);
     let publisher = mq.publisher::<Payload>("", queue);
     let mut latencies = Vec::with_capacity(items.len() / BATCH + 1);
-    let started = Instant::now();
+    let started = Clock::start();
     for chunk in items.chunks(BATCH) {
         let t = Instant::now();
         publisher.send_all(chunk).await?;
@@ -498,7 +561,7 @@ pub async fn raw_pipelined(
     let routing_key = short(queue)?;
     let mut latencies = Vec::with_capacity(items.len() / BATCH + 1);
     let mut confirms = Vec::with_capacity(BATCH);
-    let started = Instant::now();
+    let started = Clock::start();
     for chunk in items.chunks(BATCH) {
         let t = Instant::now();
         for p in chunk {
@@ -555,7 +618,7 @@ impl Counter {
 pub async fn acemq_consume(mq: &acemq::Connection, queue: &str, n: u64) -> Result<Sample> {
     let counter = Counter::new(n);
     let c = counter.clone();
-    let started = Instant::now();
+    let started = Clock::start();
     let consumer = mq
         .consume(
             queue,
@@ -582,7 +645,7 @@ pub async fn acemq_consume(mq: &acemq::Connection, queue: &str, n: u64) -> Resul
 
 /// Raw lapin: basic_qos, basic_consume, decode the JSON, ack each delivery (awaited).
 pub async fn raw_consume(conn: &lapin::Connection, queue: &str, n: u64) -> Result<Sample> {
-    let started = Instant::now();
+    let started = Clock::start();
     let ch = conn.create_channel().await?;
     ch.basic_qos(PREFETCH, BasicQosOptions::default()).await?;
     let mut consumer = ch
@@ -616,7 +679,7 @@ pub async fn acemq_retry(mq: &acemq::Connection, queue: &str, n: u64) -> Result<
     let counter = Counter::new(n);
     let c = counter.clone();
     let policy = RetryPolicy::fixed(2, RETRY_WAIT)?;
-    let started = Instant::now();
+    let started = Clock::start();
     let consumer = mq
         .consume(
             queue,
@@ -666,7 +729,7 @@ fn attempt_of(headers: Option<&FieldTable>) -> i64 {
 /// Raw lapin, by hand: on attempt 1 wait 1 ms, republish through the default exchange with
 /// the attempt header bumped (mandatory, on a confirm channel), await the confirm, then ack.
 pub async fn raw_retry(conn: &lapin::Connection, queue: &str, n: u64) -> Result<Sample> {
-    let started = Instant::now();
+    let started = Clock::start();
     let publish = confirm_channel(conn).await?;
     let ch = conn.create_channel().await?;
     ch.basic_qos(PREFETCH, BasicQosOptions::default()).await?;
@@ -728,7 +791,7 @@ pub async fn memory_publish_consume(n: u64, size: usize) -> Result<Sample> {
     let items = payloads(n, size);
     let counter = Counter::new(n);
     let c = counter.clone();
-    let started = Instant::now();
+    let started = Clock::start();
     let consumer = mq
         .consume(
             "bench",

@@ -19,8 +19,8 @@ struct Args {
     /// The broker.
     #[arg(long, default_value = "amqp://guest:guest@127.0.0.1:5672/%2f")]
     url: String,
-    /// Messages per run for every scenario (default: 5,000 confirm-each, 20,000 pipelined
-    /// and consume, 500 retry, 200,000 memory://).
+    /// Messages per run for every scenario (default: 2,000 confirm-each, 10,000 pipelined
+    /// and consume, 300 retry, 200,000 memory://).
     #[arg(long)]
     messages: Option<u64>,
     /// Body size in bytes (JSON).
@@ -39,6 +39,9 @@ struct Args {
     /// A smoke run: tiny counts, one round.
     #[arg(long)]
     quick: bool,
+    /// Print every run's numbers as it finishes.
+    #[arg(long)]
+    verbose: bool,
 }
 
 impl Args {
@@ -47,9 +50,9 @@ impl Args {
             return n;
         }
         let full = match s {
-            Scenario::ConfirmEach => 5_000,
-            Scenario::Pipelined | Scenario::Consume => 20_000,
-            Scenario::Retry => 500,
+            Scenario::ConfirmEach => 2_000,
+            Scenario::Pipelined | Scenario::Consume => 10_000,
+            Scenario::Retry => 300,
             Scenario::Memory => 200_000,
         };
         if self.quick { full / 50 } else { full }
@@ -66,6 +69,7 @@ struct Row {
 
 struct Summary {
     rate: f64,
+    cpu_us: f64,
     p50: Option<Duration>,
     p99: Option<Duration>,
 }
@@ -84,6 +88,7 @@ fn median_dur(v: &[Sample], f: impl Fn(&Sample) -> Option<Duration>) -> Option<D
 fn summarize(samples: &[Sample]) -> Summary {
     Summary {
         rate: median_f64(samples.iter().map(Sample::rate).collect()),
+        cpu_us: median_f64(samples.iter().map(Sample::cpu_us_per_message).collect()),
         p50: median_dur(samples, |s| s.p50),
         p99: median_dur(samples, |s| s.p99),
     }
@@ -125,7 +130,16 @@ async fn main() -> Result<()> {
         if !scenario.has_raw() {
             let mut samples = Vec::new();
             for _ in 0..rounds {
-                samples.push(memory_publish_consume(n, args.size).await?);
+                let s = memory_publish_consume(n, args.size).await?;
+                if args.verbose {
+                    eprintln!(
+                        "  {:<26} memory: {:.0} msg/s, {:.1} us CPU/msg",
+                        scenario.label(),
+                        s.rate(),
+                        s.cpu_us_per_message()
+                    );
+                }
+                samples.push(s);
             }
             eprintln!("{:<28} memory   done", scenario.label());
             rows.push(Row {
@@ -150,6 +164,15 @@ async fn main() -> Result<()> {
                 };
                 for side in order {
                     let s = broker.run(scenario, kind, side, n, args.size).await?;
+                    if args.verbose {
+                        eprintln!(
+                            "  {:<26} {:<7} {side:?}: {:.0} msg/s, {:.1} us CPU/msg",
+                            scenario.label(),
+                            kind.name(),
+                            s.rate(),
+                            s.cpu_us_per_message()
+                        );
+                    }
                     match side {
                         Side::Raw => raw.push(s),
                         Side::AceMq => ace.push(s),
@@ -176,7 +199,7 @@ async fn main() -> Result<()> {
         args.size
     );
     println!(
-        "| {:<26} | {:<7} | {:>7} | {:>10} | {:>10} | {:>9} | {:<15} | {:<15} | {:<16} |",
+        "| {:<26} | {:<7} | {:>7} | {:>10} | {:>11} | {:>9} | {:<15} | {:<15} | {:<16} | {:>15} |",
         "scenario",
         "queue",
         "msgs",
@@ -185,31 +208,24 @@ async fn main() -> Result<()> {
         "AceMQ/raw",
         "raw lat",
         "AceMQ lat",
-        "latency of"
+        "latency of",
+        "CPU us/msg r/A"
     );
-    println!(
-        "|{}|{}|{}|{}|{}|{}|{}|{}|{}|",
-        "-".repeat(28),
-        "-".repeat(9),
-        "-".repeat(9),
-        "-".repeat(12),
-        "-".repeat(13),
-        "-".repeat(11),
-        "-".repeat(17),
-        "-".repeat(17),
-        "-".repeat(18)
-    );
+    let widths = [28, 9, 9, 12, 13, 11, 17, 17, 18, 17];
+    let rule: Vec<String> = widths.iter().map(|w| "-".repeat(*w)).collect();
+    println!("|{}|", rule.join("|"));
     for r in &rows {
-        let (raw_rate, ratio, raw_lat) = match &r.raw {
+        let (raw_rate, ratio, raw_lat, raw_cpu) = match &r.raw {
             Some(raw) => (
                 format!("{:.0}", raw.rate),
                 format!("{:.2}x", r.acemq.rate / raw.rate),
                 lat(raw),
+                format!("{:.1}", raw.cpu_us),
             ),
-            None => ("-".into(), "-".into(), "-".into()),
+            None => ("-".into(), "-".into(), "-".into(), "-".into()),
         };
         println!(
-            "| {:<26} | {:<7} | {:>7} | {:>10} | {:>11.0} | {:>9} | {:<15} | {:<15} | {:<16} |",
+            "| {:<26} | {:<7} | {:>7} | {:>10} | {:>11.0} | {:>9} | {:<15} | {:<15} | {:<16} | {:>15} |",
             r.scenario.label(),
             r.queue,
             r.messages,
@@ -219,6 +235,7 @@ async fn main() -> Result<()> {
             raw_lat,
             lat(&r.acemq),
             r.scenario.latency_unit().unwrap_or("-"),
+            format!("{raw_cpu} / {:.1}", r.acemq.cpu_us),
         );
     }
     match peak_rss_kib() {
