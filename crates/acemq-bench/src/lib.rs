@@ -416,6 +416,26 @@ fn raw_properties(message_id: String) -> BasicProperties {
         .with_delivery_mode(2)
 }
 
+static RAW_ENVELOPE_HEADERS: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// Makes the raw publishers of scenarios 1 and 2 also send AceMQ's envelope headers (a
+/// diagnostic: it shows what the headers cost the broker).
+pub fn set_raw_envelope_headers(on: bool) {
+    RAW_ENVELOPE_HEADERS.store(on, Ordering::Relaxed);
+}
+
+/// A raw publish's properties: a message id, and the envelope headers when asked for.
+fn raw_publish_properties(seq: u64) -> BasicProperties {
+    let id = format!("raw-{seq}");
+    if RAW_ENVELOPE_HEADERS.load(Ordering::Relaxed) {
+        let headers = envelope_headers(&id);
+        raw_properties(id).with_headers(headers)
+    } else {
+        raw_properties(id)
+    }
+}
+
 /// The envelope headers an AceMQ publisher writes, so that both consumers read the same
 /// messages (attempt 1).
 fn envelope_headers(id: &str) -> FieldTable {
@@ -515,7 +535,7 @@ pub async fn raw_confirm_each(
     for p in &items {
         let t = Instant::now();
         let body = serde_json::to_vec(p)?;
-        let props = raw_properties(format!("raw-{}", p.seq));
+        let props = raw_publish_properties(p.seq);
         let confirm = ch
             .basic_publish("".into(), routing_key.clone(), MANDATORY, &body, props)
             .await?;
@@ -566,7 +586,7 @@ pub async fn raw_pipelined(
         let t = Instant::now();
         for p in chunk {
             let body = serde_json::to_vec(p)?;
-            let props = raw_properties(format!("raw-{}", p.seq));
+            let props = raw_publish_properties(p.seq);
             confirms.push(
                 ch.basic_publish("".into(), routing_key.clone(), MANDATORY, &body, props)
                     .await?,

@@ -39,6 +39,13 @@ struct Args {
     /// A smoke run: tiny counts, one round.
     #[arg(long)]
     quick: bool,
+    /// Diagnostic: raw lapin publishes (scenarios 1, 2) also carry AceMQ's envelope headers.
+    #[arg(long)]
+    raw_envelope_headers: bool,
+    /// Diagnostic: run only this side of the broker scenarios (`raw` or `acemq`), e.g.
+    /// under a profiler; the ratio column is then meaningless.
+    #[arg(long)]
+    only: Option<String>,
     /// Print every run's numbers as it finishes.
     #[arg(long)]
     verbose: bool,
@@ -86,6 +93,14 @@ fn median_dur(v: &[Sample], f: impl Fn(&Sample) -> Option<Duration>) -> Option<D
 }
 
 fn summarize(samples: &[Sample]) -> Summary {
+    if samples.is_empty() {
+        return Summary {
+            rate: f64::NAN,
+            cpu_us: f64::NAN,
+            p50: None,
+            p99: None,
+        };
+    }
     Summary {
         rate: median_f64(samples.iter().map(Sample::rate).collect()),
         cpu_us: median_f64(samples.iter().map(Sample::cpu_us_per_message).collect()),
@@ -108,11 +123,17 @@ fn lat(s: &Summary) -> String {
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    let mut args = Args::parse();
+    let args = Args::parse();
+    // Run like a service does: on a runtime worker, not on the thread that blocks on main.
+    tokio::spawn(bench(args)).await?
+}
+
+async fn bench(mut args: Args) -> Result<()> {
     if args.quick {
         args.rounds = 1;
     }
     let rounds = args.rounds.max(1);
+    acemq_bench::set_raw_envelope_headers(args.raw_envelope_headers);
     let scenarios: Vec<Scenario> = if args.scenarios.is_empty() {
         Scenario::ALL.to_vec()
     } else {
@@ -163,6 +184,13 @@ async fn main() -> Result<()> {
                     [Side::AceMq, Side::Raw]
                 };
                 for side in order {
+                    let skip = match (args.only.as_deref(), side) {
+                        (Some("raw"), Side::AceMq) | (Some("acemq"), Side::Raw) => true,
+                        _ => false,
+                    };
+                    if skip {
+                        continue;
+                    }
                     let s = broker.run(scenario, kind, side, n, args.size).await?;
                     if args.verbose {
                         eprintln!(
