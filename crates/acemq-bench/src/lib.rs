@@ -32,6 +32,8 @@ pub type Result<T> = std::result::Result<T, BoxError>;
 pub const BATCH: usize = 100;
 /// The prefetch of every consumer.
 pub const PREFETCH: u16 = 100;
+/// How far the `memory://` publisher may run ahead of its consumer.
+pub const MEMORY_BACKLOG: u64 = 10_000;
 /// The in-consumer wait before the retry in scenario 4.
 pub const RETRY_WAIT: Duration = Duration::from_millis(1);
 
@@ -610,6 +612,8 @@ struct Counter {
     count: AtomicU64,
     target: u64,
     done: Notify,
+    /// Woken every 1,000 messages.
+    progress: Notify,
 }
 
 impl Counter {
@@ -618,12 +622,17 @@ impl Counter {
             count: AtomicU64::new(0),
             target,
             done: Notify::new(),
+            progress: Notify::new(),
         })
     }
 
     fn bump(&self) {
-        if self.count.fetch_add(1, Ordering::SeqCst) + 1 == self.target {
+        let n = self.count.fetch_add(1, Ordering::SeqCst) + 1;
+        if n == self.target {
             self.done.notify_one();
+        }
+        if n % 1000 == 0 {
+            self.progress.notify_waiters();
         }
     }
 
@@ -796,7 +805,8 @@ pub async fn raw_retry(conn: &lapin::Connection, queue: &str, n: u64) -> Result<
 // 5: memory:// publish + consume.
 
 /// AceMQ on `memory://`: a typed consumer (prefetch [`PREFETCH`]) runs while `send_all`
-/// publishes every message in batches of 1,000; timed until the last one is handled.
+/// publishes every message in batches of 1,000, at most [`MEMORY_BACKLOG`] ahead of the
+/// consumer; timed until the last one is handled.
 pub async fn memory_publish_consume(n: u64, size: usize) -> Result<Sample> {
     static RUN: AtomicU64 = AtomicU64::new(0);
     let name = format!(
@@ -827,8 +837,19 @@ pub async fn memory_publish_consume(n: u64, size: usize) -> Result<Sample> {
         )
         .await?;
     let publisher = mq.publisher::<Payload>("", "bench");
+    let mut published = 0u64;
     for chunk in items.chunks(1000) {
+        // Stay at most MEMORY_BACKLOG ahead of the consumer: the figure is the steady-state
+        // rate, not the cost of growing the heap for a queue of every message.
+        while published.saturating_sub(counter.count.load(Ordering::SeqCst)) > MEMORY_BACKLOG {
+            let progress = counter.progress.notified();
+            if published.saturating_sub(counter.count.load(Ordering::SeqCst)) <= MEMORY_BACKLOG {
+                break;
+            }
+            progress.await;
+        }
         publisher.send_all(chunk).await?;
+        published += chunk.len() as u64;
     }
     counter.wait().await;
     let elapsed = started.elapsed();

@@ -312,6 +312,24 @@ async fn run<T, F, Fut>(
             d = subscription.next() => d,
         };
         match next {
+            Some(Ok(delivery)) if concurrency == 1 => {
+                // One handler at a time: run it here instead of in a task of its own (a
+                // spawn per delivery costs more than a fast handler); the loop would wait
+                // for its slot before the next delivery anyway. A close still cancels the
+                // subscription at once and lets this handler finish.
+                ctx.in_flight.fetch_add(1, Ordering::SeqCst);
+                let handled = handle(ctx.clone(), delivery, permit);
+                tokio::pin!(handled);
+                tokio::select! {
+                    biased;
+                    () = &mut handled => {}
+                    _ = stop.cancelled() => {
+                        let _ = subscription.cancel().await;
+                        handled.await;
+                        break;
+                    }
+                }
+            }
             Some(Ok(delivery)) => {
                 ctx.in_flight.fetch_add(1, Ordering::SeqCst);
                 handlers.spawn(handle(ctx.clone(), delivery, permit));
