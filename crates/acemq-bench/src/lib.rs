@@ -631,7 +631,7 @@ impl Counter {
         if n == self.target {
             self.done.notify_one();
         }
-        if n % 1000 == 0 {
+        if n.is_multiple_of(1000) {
             self.progress.notify_waiters();
         }
     }

@@ -435,7 +435,13 @@ async fn collect(
                         own_return: None,
                     });
                 }
-                gather(&channel, &mut incoming, &mut queue, &mut batch, &mut returns);
+                gather(
+                    &channel,
+                    &mut incoming,
+                    &mut queue,
+                    &mut batch,
+                    &mut returns,
+                );
                 answer(&mut batch, &mut returns);
             }
         }
