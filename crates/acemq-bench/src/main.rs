@@ -184,10 +184,10 @@ async fn bench(mut args: Args) -> Result<()> {
                     [Side::AceMq, Side::Raw]
                 };
                 for side in order {
-                    let skip = match (args.only.as_deref(), side) {
-                        (Some("raw"), Side::AceMq) | (Some("acemq"), Side::Raw) => true,
-                        _ => false,
-                    };
+                    let skip = matches!(
+                        (args.only.as_deref(), side),
+                        (Some("raw"), Side::AceMq) | (Some("acemq"), Side::Raw)
+                    );
                     if skip {
                         continue;
                     }
