@@ -37,7 +37,7 @@ use crate::lifecycle::{ConsumerControl, Gate, Lifecycle};
 use crate::retry::RetryPolicy;
 use crate::topology::Topology;
 use crate::transport::{ConsumeSpec, Delivery, Subscription};
-use settle::{Outcome, Settler, decide};
+use settle::{AckRun, Outcome, Settler, decide};
 use stats::Stats;
 
 /// The default prefetch window.
@@ -240,7 +240,14 @@ impl Connection {
         });
         self.shared.lifecycle.register(control.clone());
         tokio::spawn(async move {
-            run(subscription, ctx, options.concurrency, stop).await;
+            run(
+                subscription,
+                ctx,
+                options.concurrency,
+                options.prefetch,
+                stop,
+            )
+            .await;
             done_tx.send_replace(true);
         });
         Ok(Consumer {
@@ -292,6 +299,7 @@ async fn run<T, F, Fut>(
     mut subscription: Box<dyn Subscription>,
     ctx: Arc<Ctx<T, F>>,
     concurrency: usize,
+    prefetch: u16,
     stop: CancellationToken,
 ) where
     T: Send + 'static,
@@ -300,17 +308,36 @@ async fn run<T, F, Fut>(
 {
     let slots = Arc::new(Semaphore::new(concurrency));
     let handlers = TaskTracker::new();
+    // One handler at a time: acks of consecutive deliveries are sent as one `multiple` ack
+    // while more deliveries are already buffered, at most half the prefetch window at once.
+    let mut acks = AckRun::default();
+    let ack_run_limit = u64::from(prefetch / 2).max(1);
     loop {
         let permit = tokio::select! {
             biased;
             _ = stop.cancelled() => break,
             p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
         };
-        let next = tokio::select! {
-            biased;
-            _ = stop.cancelled() => break,
-            d = subscription.next() => d,
+        let buffered = if acks.len() == 0 {
+            None
+        } else {
+            subscription.next().now_or_never()
         };
+        let next = match buffered {
+            Some(d) => d,
+            None => {
+                // Nothing more at hand: send the held acks before waiting.
+                ctx.settler.flush(&mut acks).await;
+                tokio::select! {
+                    biased;
+                    _ = stop.cancelled() => break,
+                    d = subscription.next() => d,
+                }
+            }
+        };
+        if acks.len() >= ack_run_limit {
+            ctx.settler.flush(&mut acks).await;
+        }
         match next {
             Some(Ok(delivery)) if concurrency == 1 => {
                 // One handler at a time: run it here instead of in a task of its own (a
@@ -318,7 +345,7 @@ async fn run<T, F, Fut>(
                 // for its slot before the next delivery anyway. A close still cancels the
                 // subscription at once and lets this handler finish.
                 ctx.in_flight.fetch_add(1, Ordering::SeqCst);
-                let handled = handle(ctx.clone(), delivery, permit);
+                let handled = handle(ctx.clone(), delivery, permit, Some(&mut acks));
                 tokio::pin!(handled);
                 tokio::select! {
                     biased;
@@ -332,7 +359,7 @@ async fn run<T, F, Fut>(
             }
             Some(Ok(delivery)) => {
                 ctx.in_flight.fetch_add(1, Ordering::SeqCst);
-                handlers.spawn(handle(ctx.clone(), delivery, permit));
+                handlers.spawn(handle(ctx.clone(), delivery, permit, None));
             }
             Some(Err(e)) => {
                 tracing::error!(queue = %ctx.settler.queue, error = %e, "consumer subscription failed");
@@ -346,16 +373,21 @@ async fn run<T, F, Fut>(
             }
         }
     }
-    // No new deliveries; running handlers finish and settle on the still-open channel;
-    // then the channel closes and anything buffered goes back to the queue.
+    // No new deliveries; held acks are sent, running handlers finish and settle on the
+    // still-open channel; then the channel closes and anything buffered goes back.
+    ctx.settler.flush(&mut acks).await;
     let _ = subscription.cancel().await;
     handlers.close();
     handlers.wait().await;
     let _ = subscription.close().await;
 }
 
-async fn handle<T, F, Fut>(ctx: Arc<Ctx<T, F>>, d: Delivery, _slot: OwnedSemaphorePermit)
-where
+async fn handle<T, F, Fut>(
+    ctx: Arc<Ctx<T, F>>,
+    d: Delivery,
+    _slot: OwnedSemaphorePermit,
+    mut acks: Option<&mut AckRun>,
+) where
     T: Send + 'static,
     F: Fn(Message<T>) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
@@ -363,7 +395,22 @@ where
     let envelope = Envelope::read(&d.properties, &d.routing_key);
     let content_type = d.properties.content_type.clone();
     let decoded = ctx.decoder.decode(content_type.as_deref(), &d.body);
-    if ctx.lifecycle().gate(&ctx.settler.closing).await == Gate::Closing {
+    let gate = ctx.lifecycle().gate(&ctx.settler.closing);
+    tokio::pin!(gate);
+    let gate = match (&mut gate).now_or_never() {
+        Some(g) => g,
+        None => {
+            // Paused: held acks must not wait for the resume.
+            if let Some(acks) = acks.as_deref_mut() {
+                ctx.settler.flush(acks).await;
+            }
+            gate.await
+        }
+    };
+    if gate == Gate::Closing {
+        if let Some(acks) = acks.as_deref_mut() {
+            ctx.settler.flush(acks).await;
+        }
         ctx.settler.hand_back(&d).await;
         ctx.in_flight.fetch_sub(1, Ordering::SeqCst);
         return;
@@ -413,7 +460,14 @@ where
         ctx.policy.as_ref(),
         ctx.no_policy_delay,
     );
-    ctx.settler.settle(d, &envelope, decision).await;
+    match acks {
+        Some(acks) => {
+            ctx.settler
+                .settle_in_run(d, &envelope, decision, acks)
+                .await
+        }
+        None => ctx.settler.settle(d, &envelope, decision).await,
+    }
     ctx.lifecycle().handler_finished();
     ctx.in_flight.fetch_sub(1, Ordering::SeqCst);
 }

@@ -184,6 +184,25 @@ const REQUEUE: Settlement = Settlement::Nack {
     requeue: true,
 };
 
+/// Acks held back so that a contiguous run of deliveries whose handlers have finished with
+/// an ack is settled by one `multiple` ack. Used only by a consumer that runs one handler at
+/// a time, so every delivery of its channel up to the run's last tag is either settled
+/// already or in the run: a `multiple` ack of the last one acks exactly the run. Any other
+/// settlement sends the run first, so a nack, requeue or move ends it.
+#[derive(Debug, Default)]
+pub(crate) struct AckRun {
+    /// The run's highest delivery (its acker sends the `multiple` ack).
+    last: Option<Delivery>,
+    count: u64,
+}
+
+impl AckRun {
+    /// Deliveries waiting in the run.
+    pub(crate) fn len(&self) -> u64 {
+        self.count
+    }
+}
+
 /// Carries decisions out for one consumer.
 #[derive(Debug)]
 pub(crate) struct Settler {
@@ -223,6 +242,53 @@ impl Settler {
                 self.move_then_ack(&d, copy, counter).await;
             }
             Decision::Retry(wait) => self.retry(d, envelope, wait).await,
+        }
+    }
+
+    /// Like [`Settler::settle`], except that an ack joins `run` instead of being sent (it
+    /// is counted once the run is sent); any other decision sends the run first.
+    pub(crate) async fn settle_in_run(
+        &self,
+        d: Delivery,
+        envelope: &Envelope,
+        decision: Decision,
+        run: &mut AckRun,
+    ) {
+        if decision != Decision::Ack {
+            self.flush(run).await;
+            return self.settle(d, envelope, decision).await;
+        }
+        if run
+            .last
+            .as_ref()
+            .is_some_and(|prev| prev.delivery_tag >= d.delivery_tag)
+        {
+            // Not after the run (cannot happen on one channel in order): keep it exact.
+            self.flush(run).await;
+        }
+        run.last = Some(d);
+        run.count += 1;
+    }
+
+    /// Sends the run as one ack (`multiple` when it holds more than one delivery) and
+    /// counts each delivery as acked, or as `settle_failed` when the ack was not sent.
+    pub(crate) async fn flush(&self, run: &mut AckRun) {
+        let Some(last) = run.last.take() else {
+            return;
+        };
+        let count = std::mem::take(&mut run.count);
+        let settlement = Settlement::Ack {
+            multiple: count > 1,
+        };
+        let counter = match last.acker.settle(settlement).await {
+            Ok(()) => Counter::Acked,
+            Err(e) => {
+                tracing::warn!(queue = %self.queue, error = %e, deliveries = count, "settlement not sent; the broker will redeliver");
+                Counter::SettleFailed
+            }
+        };
+        for _ in 0..count {
+            self.stats.add(counter);
         }
     }
 
