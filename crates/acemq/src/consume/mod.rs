@@ -39,7 +39,7 @@ use crate::observe::trace::{self, TraceContext};
 use crate::retry::RetryPolicy;
 use crate::topology::Topology;
 use crate::transport::{ConsumeSpec, Delivery, Subscription};
-use settle::{ConsumerMetrics, Outcome, Settler, decide};
+use settle::{AckRun, ConsumerMetrics, Outcome, Settler, decide};
 use stats::Stats;
 use tracing::Instrument;
 
@@ -288,7 +288,14 @@ impl Connection {
         self.shared.lifecycle.register(control.clone());
         let watched = control.clone();
         tokio::spawn(async move {
-            let ended = run(subscription, ctx, options.concurrency, stop).await;
+            let ended = run(
+                subscription,
+                ctx,
+                options.concurrency,
+                options.prefetch,
+                stop,
+            )
+            .await;
             watched.ended(ended);
             done_tx.send_replace(true);
         });
@@ -341,6 +348,7 @@ async fn run<T, F, Fut>(
     mut subscription: Box<dyn Subscription>,
     ctx: Arc<Ctx<T, F>>,
     concurrency: usize,
+    prefetch: u16,
     stop: CancellationToken,
 ) -> Option<String>
 where
@@ -351,21 +359,58 @@ where
     let mut ended = None;
     let slots = Arc::new(Semaphore::new(concurrency));
     let handlers = TaskTracker::new();
+    // One handler at a time: acks of consecutive deliveries are sent as one `multiple` ack
+    // while more deliveries are already buffered, at most half the prefetch window at once.
+    let mut acks = AckRun::default();
+    let ack_run_limit = usize::from(prefetch / 2).max(1);
     loop {
         let permit = tokio::select! {
             biased;
             _ = stop.cancelled() => break,
             p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
         };
-        let next = tokio::select! {
-            biased;
-            _ = stop.cancelled() => break,
-            d = subscription.next() => d,
+        let buffered = if acks.len() == 0 {
+            None
+        } else {
+            subscription.next().now_or_never()
         };
+        let next = match buffered {
+            Some(d) => d,
+            None => {
+                // Nothing more at hand: send the held acks before waiting.
+                ctx.settler.flush(&mut acks).await;
+                tokio::select! {
+                    biased;
+                    _ = stop.cancelled() => break,
+                    d = subscription.next() => d,
+                }
+            }
+        };
+        if acks.len() >= ack_run_limit {
+            ctx.settler.flush(&mut acks).await;
+        }
         match next {
+            Some(Ok(delivery)) if concurrency == 1 => {
+                // One handler at a time: run it here instead of in a task of its own (a
+                // spawn per delivery costs more than a fast handler); the loop would wait
+                // for its slot before the next delivery anyway. A close still cancels the
+                // subscription at once and lets this handler finish.
+                ctx.in_flight.fetch_add(1, Ordering::SeqCst);
+                let handled = handle(ctx.clone(), delivery, permit, Some(&mut acks));
+                tokio::pin!(handled);
+                tokio::select! {
+                    biased;
+                    () = &mut handled => {}
+                    _ = stop.cancelled() => {
+                        let _ = subscription.cancel().await;
+                        handled.await;
+                        break;
+                    }
+                }
+            }
             Some(Ok(delivery)) => {
                 ctx.in_flight.fetch_add(1, Ordering::SeqCst);
-                handlers.spawn(handle(ctx.clone(), delivery, permit));
+                handlers.spawn(handle(ctx.clone(), delivery, permit, None));
             }
             Some(Err(e)) => {
                 tracing::error!(queue = %ctx.settler.queue, error = %e, "consumer subscription failed");
@@ -383,8 +428,9 @@ where
             }
         }
     }
-    // No new deliveries; running handlers finish and settle on the still-open channel;
-    // then the channel closes and anything buffered goes back to the queue.
+    // No new deliveries; held acks are sent, running handlers finish and settle on the
+    // still-open channel; then the channel closes and anything buffered goes back.
+    ctx.settler.flush(&mut acks).await;
     let _ = subscription.cancel().await;
     handlers.close();
     handlers.wait().await;
@@ -392,8 +438,12 @@ where
     ended
 }
 
-async fn handle<T, F, Fut>(ctx: Arc<Ctx<T, F>>, d: Delivery, _slot: OwnedSemaphorePermit)
-where
+async fn handle<T, F, Fut>(
+    ctx: Arc<Ctx<T, F>>,
+    d: Delivery,
+    _slot: OwnedSemaphorePermit,
+    mut acks: Option<&mut AckRun>,
+) where
     T: Send + 'static,
     F: Fn(Message<T>) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
@@ -401,7 +451,22 @@ where
     let envelope = Envelope::read(&d.properties, &d.routing_key);
     let content_type = d.properties.content_type.clone();
     let decoded = ctx.decoder.decode(content_type.as_deref(), &d.body);
-    if ctx.lifecycle().gate(&ctx.settler.closing).await == Gate::Closing {
+    let gate = ctx.lifecycle().gate(&ctx.settler.closing);
+    tokio::pin!(gate);
+    let gate = match (&mut gate).now_or_never() {
+        Some(g) => g,
+        None => {
+            // Paused: held acks must not wait for the resume.
+            if let Some(acks) = acks.as_deref_mut() {
+                ctx.settler.flush(acks).await;
+            }
+            gate.await
+        }
+    };
+    if gate == Gate::Closing {
+        if let Some(acks) = acks.as_deref_mut() {
+            ctx.settler.flush(acks).await;
+        }
         ctx.settler.hand_back(&d).await;
         ctx.in_flight.fetch_sub(1, Ordering::SeqCst);
         return;
@@ -479,9 +544,18 @@ where
         ctx.no_policy_delay,
         ctx.in_progress_delay,
     );
-    ctx.settler
-        .settle(d, &envelope, decision, started, &span)
-        .await;
+    match acks {
+        Some(acks) => {
+            ctx.settler
+                .settle_in_run(d, &envelope, decision, started, &span, acks)
+                .await
+        }
+        None => {
+            ctx.settler
+                .settle(d, &envelope, decision, started, &span)
+                .await
+        }
+    }
     metrics.in_flight(-1);
     ctx.lifecycle().handler_finished();
     ctx.in_flight.fetch_sub(1, Ordering::SeqCst);

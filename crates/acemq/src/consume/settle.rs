@@ -20,7 +20,7 @@ use super::stats::{Counter, Stats};
 use crate::connection::Shared;
 use crate::envelope::{self, Envelope};
 use crate::headers::HeaderValue;
-use crate::observe::metrics::ConsumeMetrics;
+use crate::observe::metrics::{ConsumeMetrics, ConsumeOutcome};
 use crate::observe::trace;
 use crate::publish::publish_on_behalf;
 use crate::retry::{RetryPolicy, Wait};
@@ -194,6 +194,26 @@ pub fn bounded(reason: String) -> String {
     format!("{}{MARKER}", &reason[..end])
 }
 
+/// Acks held back so that a contiguous run of deliveries whose handlers have finished with
+/// an ack is settled by one `multiple` ack. Used only by a consumer that runs one handler at
+/// a time, so every delivery of its channel up to the run's last tag is either settled
+/// already or in the run: a `multiple` ack of the last one acks exactly the run. Any other
+/// settlement sends the run first, so a nack, requeue or move ends it.
+#[derive(Debug, Default)]
+pub(crate) struct AckRun {
+    /// The run's highest delivery (its acker sends the `multiple` ack).
+    last: Option<Delivery>,
+    /// Each delivery's metric series and handling time, recorded once the ack is sent.
+    held: Vec<(Arc<ConsumeMetrics>, Duration)>,
+}
+
+impl AckRun {
+    /// Deliveries waiting in the run.
+    pub(crate) fn len(&self) -> usize {
+        self.held.len()
+    }
+}
+
 /// Carries decisions out for one consumer.
 #[derive(Debug)]
 pub(crate) struct Settler {
@@ -255,6 +275,61 @@ impl Settler {
                 .for_type(envelope.message_type())
                 .record(outcome, started.elapsed());
             trace::record_consume_outcome(span, outcome);
+        }
+    }
+
+    /// Like [`Settler::settle`], except that an ack joins `run` instead of being sent (it
+    /// is counted once the run is sent); any other decision sends the run first.
+    pub(crate) async fn settle_in_run(
+        &self,
+        d: Delivery,
+        envelope: &Envelope,
+        decision: Decision,
+        started: Instant,
+        span: &tracing::Span,
+        run: &mut AckRun,
+    ) {
+        if decision != Decision::Ack {
+            self.flush(run).await;
+            return self.settle(d, envelope, decision, started, span).await;
+        }
+        if run
+            .last
+            .as_ref()
+            .is_some_and(|prev| prev.delivery_tag >= d.delivery_tag)
+        {
+            // Not after the run (cannot happen on one channel in order): keep it exact.
+            self.flush(run).await;
+        }
+        trace::record_consume_outcome(span, ConsumeOutcome::Acked);
+        let series = self.metrics.for_type(envelope.message_type());
+        run.held.push((series, started.elapsed()));
+        run.last = Some(d);
+    }
+
+    /// Sends the run as one ack (`multiple` when it holds more than one delivery) and
+    /// counts each delivery as acked, or as `settle_failed` when the ack was not sent.
+    pub(crate) async fn flush(&self, run: &mut AckRun) {
+        let Some(last) = run.last.take() else {
+            return;
+        };
+        let settlement = Settlement::Ack {
+            multiple: run.held.len() > 1,
+        };
+        let sent = match last.acker.settle(settlement).await {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(queue = %self.queue, error = %e, deliveries = run.held.len(), "settlement not sent; the broker will redeliver");
+                false
+            }
+        };
+        for (series, took) in run.held.drain(..) {
+            if sent {
+                self.stats.add(Counter::Acked);
+                series.record(ConsumeOutcome::Acked, took);
+            } else {
+                self.stats.add(Counter::SettleFailed);
+            }
         }
     }
 

@@ -330,7 +330,6 @@ struct Done {
 #[allow(clippy::large_enum_variant)]
 enum Event {
     Front(lapin::Result<LapinConfirmation>),
-    Incoming(Option<Pending>),
     Deadline,
     Status(bool),
 }
@@ -376,16 +375,12 @@ async fn collect(
     let mut queue: VecDeque<Pending> = VecDeque::new();
     let mut returns = Returns::default();
     let mut batch: Vec<Done> = Vec::new();
-    let mut open = true;
     let sleep = tokio::time::sleep(confirm_timeout);
     tokio::pin!(sleep);
     let mut armed: Option<Instant> = None;
     loop {
         if queue.is_empty() {
             returns.clear();
-            if !open {
-                break;
-            }
             match incoming.recv().await {
                 Some(p) => queue.push_back(p),
                 None => break,
@@ -411,17 +406,18 @@ async fn collect(
             let Some(front) = queue.front_mut() else {
                 continue;
             };
+            // New publishes are not waited for while one is pending: they queue up in
+            // `incoming` and are taken in bulk on the next turn (and by `gather`), so a
+            // publish does not wake the collector. Only the front confirm, the deadline
+            // and the connection state do.
             tokio::select! {
                 biased;
                 r = &mut front.confirm => Event::Front(r),
-                p = incoming.recv(), if open => Event::Incoming(p),
                 () = &mut sleep, if deadline.is_some() => Event::Deadline,
                 changed = status.changed(), if watching => Event::Status(changed.is_ok()),
             }
         };
         match event {
-            Event::Incoming(Some(p)) => queue.push_back(p),
-            Event::Incoming(None) => open = false,
             Event::Deadline => {
                 armed = None;
                 let now = Instant::now();
@@ -439,7 +435,13 @@ async fn collect(
                         own_return: None,
                     });
                 }
-                gather(&channel, &mut queue, &mut batch, &mut returns);
+                gather(
+                    &channel,
+                    &mut incoming,
+                    &mut queue,
+                    &mut batch,
+                    &mut returns,
+                );
                 answer(&mut batch, &mut returns);
             }
         }
@@ -451,12 +453,16 @@ async fn collect(
 /// barrier on lapin's acknowledgement lock, until a pass finds nothing new.
 fn gather(
     channel: &Channel,
+    incoming: &mut mpsc::UnboundedReceiver<Pending>,
     queue: &mut VecDeque<Pending>,
     batch: &mut Vec<Done>,
     returns: &mut Returns,
 ) {
     loop {
         barrier(channel, returns);
+        while let Ok(p) = incoming.try_recv() {
+            queue.push_back(p);
+        }
         let before = batch.len();
         while let Some(front) = queue.front_mut() {
             let Some(result) = (&mut front.confirm).now_or_never() else {

@@ -1,0 +1,274 @@
+//! `cargo run --release -p acemq-bench -- [--url URL] [--messages N] [--size BYTES]`
+//!
+//! Runs each scenario through raw lapin and through AceMQ in alternating order, `--rounds`
+//! times, and prints one table of medians (see `crates/acemq-bench/README.md`).
+
+use std::time::Duration;
+
+use acemq_bench::{
+    Broker, QueueKind, Result, Sample, Scenario, Side, memory_publish_consume, peak_rss_kib,
+};
+use clap::Parser;
+
+#[derive(Parser, Debug)]
+#[command(
+    version,
+    about = "AceMQ against raw lapin, and the memory:// transport"
+)]
+struct Args {
+    /// The broker.
+    #[arg(long, default_value = "amqp://guest:guest@127.0.0.1:5672/%2f")]
+    url: String,
+    /// Messages per run for every scenario (default: 2,000 confirm-each, 10,000 pipelined
+    /// and consume, 300 retry, 200,000 memory://).
+    #[arg(long)]
+    messages: Option<u64>,
+    /// Body size in bytes (JSON).
+    #[arg(long, default_value_t = 256)]
+    size: usize,
+    /// Rounds per side; the table shows medians.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Queue types to run the broker scenarios on (`--queues classic,quorum` adds the
+    /// quorum variant; it doubles the run time).
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [QueueKind::Classic])]
+    queues: Vec<QueueKind>,
+    /// Scenarios to run (default: all).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    scenarios: Vec<Scenario>,
+    /// A smoke run: tiny counts, one round.
+    #[arg(long)]
+    quick: bool,
+    /// Diagnostic: raw lapin publishes (scenarios 1, 2) also carry AceMQ's envelope headers.
+    #[arg(long)]
+    raw_envelope_headers: bool,
+    /// Diagnostic: run only this side of the broker scenarios (`raw` or `acemq`), e.g.
+    /// under a profiler; the ratio column is then meaningless.
+    #[arg(long)]
+    only: Option<String>,
+    /// Print every run's numbers as it finishes.
+    #[arg(long)]
+    verbose: bool,
+}
+
+impl Args {
+    fn count(&self, s: Scenario) -> u64 {
+        if let Some(n) = self.messages {
+            return n;
+        }
+        let full = match s {
+            Scenario::ConfirmEach => 2_000,
+            Scenario::Pipelined | Scenario::Consume => 10_000,
+            Scenario::Retry => 300,
+            Scenario::Memory => 200_000,
+        };
+        if self.quick { full / 50 } else { full }
+    }
+}
+
+struct Row {
+    scenario: Scenario,
+    queue: &'static str,
+    messages: u64,
+    raw: Option<Summary>,
+    acemq: Summary,
+}
+
+struct Summary {
+    rate: f64,
+    cpu_us: f64,
+    p50: Option<Duration>,
+    p99: Option<Duration>,
+}
+
+fn median_f64(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn median_dur(v: &[Sample], f: impl Fn(&Sample) -> Option<Duration>) -> Option<Duration> {
+    let mut d: Vec<Duration> = v.iter().filter_map(f).collect();
+    d.sort_unstable();
+    d.get(d.len() / 2).copied()
+}
+
+fn summarize(samples: &[Sample]) -> Summary {
+    if samples.is_empty() {
+        return Summary {
+            rate: f64::NAN,
+            cpu_us: f64::NAN,
+            p50: None,
+            p99: None,
+        };
+    }
+    Summary {
+        rate: median_f64(samples.iter().map(Sample::rate).collect()),
+        cpu_us: median_f64(samples.iter().map(Sample::cpu_us_per_message).collect()),
+        p50: median_dur(samples, |s| s.p50),
+        p99: median_dur(samples, |s| s.p99),
+    }
+}
+
+fn ms(d: Option<Duration>) -> String {
+    d.map(|d| format!("{:.2}", d.as_secs_f64() * 1000.0))
+        .unwrap_or_else(|| "-".into())
+}
+
+fn lat(s: &Summary) -> String {
+    if s.p50.is_none() {
+        return "-".into();
+    }
+    format!("{} / {}", ms(s.p50), ms(s.p99))
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args = Args::parse();
+    // Run like a service does: on a runtime worker, not on the thread that blocks on main.
+    tokio::spawn(bench(args)).await?
+}
+
+async fn bench(mut args: Args) -> Result<()> {
+    if args.quick {
+        args.rounds = 1;
+    }
+    let rounds = args.rounds.max(1);
+    acemq_bench::set_raw_envelope_headers(args.raw_envelope_headers);
+    let scenarios: Vec<Scenario> = if args.scenarios.is_empty() {
+        Scenario::ALL.to_vec()
+    } else {
+        args.scenarios.clone()
+    };
+    let needs_broker = scenarios.iter().any(|s| s.has_raw()) && !args.queues.is_empty();
+    let broker = if needs_broker {
+        Some(Broker::connect(&args.url).await?)
+    } else {
+        None
+    };
+    let mut rows = Vec::new();
+    for &scenario in &scenarios {
+        let n = args.count(scenario);
+        if !scenario.has_raw() {
+            let mut samples = Vec::new();
+            for _ in 0..rounds {
+                let s = memory_publish_consume(n, args.size).await?;
+                if args.verbose {
+                    eprintln!(
+                        "  {:<26} memory: {:.0} msg/s, {:.1} us CPU/msg",
+                        scenario.label(),
+                        s.rate(),
+                        s.cpu_us_per_message()
+                    );
+                }
+                samples.push(s);
+            }
+            eprintln!("{:<28} memory   done", scenario.label());
+            rows.push(Row {
+                scenario,
+                queue: "memory",
+                messages: n,
+                raw: None,
+                acemq: summarize(&samples),
+            });
+            continue;
+        }
+        let Some(broker) = &broker else { continue };
+        for &kind in &args.queues {
+            let mut raw = Vec::new();
+            let mut ace = Vec::new();
+            for round in 0..rounds {
+                // raw, acemq, acemq, raw, ...: drift affects both sides alike.
+                let order = if round % 2 == 0 {
+                    [Side::Raw, Side::AceMq]
+                } else {
+                    [Side::AceMq, Side::Raw]
+                };
+                for side in order {
+                    let skip = matches!(
+                        (args.only.as_deref(), side),
+                        (Some("raw"), Side::AceMq) | (Some("acemq"), Side::Raw)
+                    );
+                    if skip {
+                        continue;
+                    }
+                    let s = broker.run(scenario, kind, side, n, args.size).await?;
+                    if args.verbose {
+                        eprintln!(
+                            "  {:<26} {:<7} {side:?}: {:.0} msg/s, {:.1} us CPU/msg",
+                            scenario.label(),
+                            kind.name(),
+                            s.rate(),
+                            s.cpu_us_per_message()
+                        );
+                    }
+                    match side {
+                        Side::Raw => raw.push(s),
+                        Side::AceMq => ace.push(s),
+                    }
+                }
+            }
+            eprintln!("{:<28} {:<8} done", scenario.label(), kind.name());
+            rows.push(Row {
+                scenario,
+                queue: kind.name(),
+                messages: n,
+                raw: Some(summarize(&raw)),
+                acemq: summarize(&ace),
+            });
+        }
+    }
+    if let Some(b) = broker {
+        b.close().await?;
+    }
+
+    println!();
+    println!(
+        "{} byte messages, {rounds} round(s), medians; latency p50 / p99 in ms",
+        args.size
+    );
+    println!(
+        "| {:<26} | {:<7} | {:>7} | {:>10} | {:>11} | {:>9} | {:<15} | {:<15} | {:<16} | {:>15} |",
+        "scenario",
+        "queue",
+        "msgs",
+        "raw msg/s",
+        "AceMQ msg/s",
+        "AceMQ/raw",
+        "raw lat",
+        "AceMQ lat",
+        "latency of",
+        "CPU us/msg r/A"
+    );
+    let widths = [28, 9, 9, 12, 13, 11, 17, 17, 18, 17];
+    let rule: Vec<String> = widths.iter().map(|w| "-".repeat(*w)).collect();
+    println!("|{}|", rule.join("|"));
+    for r in &rows {
+        let (raw_rate, ratio, raw_lat, raw_cpu) = match &r.raw {
+            Some(raw) => (
+                format!("{:.0}", raw.rate),
+                format!("{:.2}x", r.acemq.rate / raw.rate),
+                lat(raw),
+                format!("{:.1}", raw.cpu_us),
+            ),
+            None => ("-".into(), "-".into(), "-".into(), "-".into()),
+        };
+        println!(
+            "| {:<26} | {:<7} | {:>7} | {:>10} | {:>11.0} | {:>9} | {:<15} | {:<15} | {:<16} | {:>15} |",
+            r.scenario.label(),
+            r.queue,
+            r.messages,
+            raw_rate,
+            r.acemq.rate,
+            ratio,
+            raw_lat,
+            lat(&r.acemq),
+            r.scenario.latency_unit().unwrap_or("-"),
+            format!("{raw_cpu} / {:.1}", r.acemq.cpu_us),
+        );
+    }
+    match peak_rss_kib() {
+        Some(kib) => println!("\npeak RSS (VmHWM): {:.1} MiB", kib as f64 / 1024.0),
+        None => println!("\npeak RSS: unavailable (no /proc/self/status)"),
+    }
+    Ok(())
+}

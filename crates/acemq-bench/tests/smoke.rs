@@ -1,0 +1,66 @@
+//! Proves the benchmark still runs: every scenario with tiny counts, on `memory://` always
+//! and against RabbitMQ when `ACEMQ_TEST_AMQP_URL` is set (required when
+//! `ACEMQ_TEST_REQUIRE_BROKER=1`).
+
+use acemq_bench::{Broker, QueueKind, Scenario, Side, memory_publish_consume};
+
+fn broker_url() -> Option<String> {
+    match std::env::var("ACEMQ_TEST_AMQP_URL") {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ => {
+            assert!(
+                std::env::var("ACEMQ_TEST_REQUIRE_BROKER").as_deref() != Ok("1"),
+                "ACEMQ_TEST_REQUIRE_BROKER=1 but ACEMQ_TEST_AMQP_URL is not set"
+            );
+            None
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_scenario_runs() {
+    let s = memory_publish_consume(500, 256).await.expect("memory run");
+    assert_eq!(s.messages, 500);
+    assert!(s.rate() > 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broker_scenarios_run_on_both_sides() {
+    let Some(url) = broker_url() else {
+        eprintln!("ACEMQ_TEST_AMQP_URL not set: broker scenarios skipped");
+        return;
+    };
+    let broker = Broker::connect(&url).await.expect("connect");
+    for scenario in Scenario::ALL.into_iter().filter(|s| s.has_raw()) {
+        for kind in [QueueKind::Classic, QueueKind::Quorum] {
+            for side in [Side::Raw, Side::AceMq] {
+                let s = broker
+                    .run(scenario, kind, side, 20, 256)
+                    .await
+                    .unwrap_or_else(|e| panic!("{scenario:?} {kind:?} {side:?}: {e}"));
+                assert_eq!(s.messages, 20);
+                if scenario.latency_unit().is_some() {
+                    assert!(s.p50.is_some() && s.p99 >= s.p50);
+                }
+            }
+        }
+    }
+    broker.close().await.expect("close");
+}
+
+#[test]
+fn percentiles_use_nearest_rank() {
+    use std::time::Duration;
+    let v: Vec<Duration> = (1..=100).map(Duration::from_millis).collect();
+    assert_eq!(
+        acemq_bench::percentile(&v, 0.5),
+        Some(Duration::from_millis(50))
+    );
+    assert_eq!(
+        acemq_bench::percentile(&v, 0.99),
+        Some(Duration::from_millis(99))
+    );
+    assert_eq!(acemq_bench::percentile(&[], 0.5), None);
+    let body = serde_json::to_vec(&acemq_bench::Payload::new(7, 256)).unwrap();
+    assert_eq!(body.len(), 256);
+}
