@@ -28,6 +28,8 @@ step() {
 
 if [ "${CI:-}" = "true" ]; then
   export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+  # A one-off build gains nothing from incremental state, which costs gigabytes.
+  export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 fi
 
 step "services"
