@@ -30,8 +30,8 @@ use crate::headers::Headers;
 #[derive(Debug)]
 pub struct Message<T> {
     pub(crate) payload: T,
-    pub(crate) envelope: Envelope,
-    pub(crate) headers: Headers,
+    pub(crate) envelope: Arc<Envelope>,
+    pub(crate) headers: Arc<Headers>,
     pub(crate) queue: Arc<str>,
     pub(crate) exchange: String,
     pub(crate) routing_key: String,

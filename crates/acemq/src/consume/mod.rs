@@ -448,7 +448,7 @@ async fn handle<T, F, Fut>(
     F: Fn(Message<T>) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
 {
-    let envelope = Envelope::read(&d.properties, &d.routing_key);
+    let envelope = Arc::new(Envelope::read(&d.properties, &d.routing_key));
     let content_type = d.properties.content_type.clone();
     let decoded = ctx.decoder.decode(content_type.as_deref(), &d.body);
     let gate = ctx.lifecycle().gate(&ctx.settler.closing);
@@ -487,7 +487,7 @@ async fn handle<T, F, Fut>(
     let outcome = match decoded {
         Err(e) => Outcome::Undecodable(decode_reason(e)),
         Ok(payload) => {
-            let headers = application_headers(&d.properties.headers);
+            let headers = Arc::new(application_headers(&d.properties.headers));
             let chain = ctx.settler.shared.interceptors.consume_chain();
             let cx = ConsumeContext {
                 queue: &ctx.settler.queue,
@@ -511,6 +511,7 @@ async fn handle<T, F, Fut>(
                         payload,
                         envelope: envelope.clone(),
                         headers: headers.clone(),
+
                         queue: ctx.settler.queue.clone(),
                         exchange: d.exchange.clone(),
                         routing_key: d.routing_key.clone(),
