@@ -156,12 +156,15 @@ impl TraceContext {
     /// assert_eq!(c.to_traceparent(), "00-abababababababababababababababab-0101010101010101-01");
     /// ```
     pub fn to_traceparent(&self) -> String {
-        format!(
-            "00-{}-{}-{:02x}",
-            Hex(&self.trace_id),
-            Hex(&self.span_id),
-            self.flags
-        )
+        // On every publish: built byte by byte rather than through `fmt`.
+        let mut out = String::with_capacity(55);
+        out.push_str("00-");
+        push_hex(&mut out, &self.trace_id);
+        out.push('-');
+        push_hex(&mut out, &self.span_id);
+        out.push('-');
+        push_hex(&mut out, &[self.flags]);
+        out
     }
 
     /// Parses a `traceparent` (and keeps `tracestate` when it is non-empty and at most
@@ -294,15 +297,23 @@ fn decode_hex(src: &[u8], dst: &mut [u8]) -> Option<()> {
     Some(())
 }
 
+const HEX_DIGITS: &[u8; 16] = b"0123456789abcdef";
+
+fn push_hex(out: &mut String, bytes: &[u8]) {
+    for b in bytes {
+        out.push(char::from(HEX_DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(HEX_DIGITS[usize::from(b & 0x0f)]));
+    }
+}
+
 /// Lowercase hex, formatted only when displayed.
 struct Hex<'a>(&'a [u8]);
 
 impl fmt::Display for Hex<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for b in self.0 {
-            write!(f, "{b:02x}")?;
-        }
-        Ok(())
+        let mut s = String::with_capacity(self.0.len() * 2);
+        push_hex(&mut s, self.0);
+        f.write_str(&s)
     }
 }
 
