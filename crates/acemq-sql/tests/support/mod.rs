@@ -32,7 +32,7 @@ fn env_url(var: &str) -> Option<String> {
             if std::env::var("ACEMQ_TEST_REQUIRE_BROKER").as_deref() == Ok("1") {
                 panic!("ACEMQ_TEST_REQUIRE_BROKER=1 but {var} is not set: database tests must run");
             }
-            eprintln!("note: {var} unset; skipping this backend");
+            eprintln!("note: {var} unset; this backend did not run");
             None
         }
     }

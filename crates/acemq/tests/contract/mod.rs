@@ -43,8 +43,12 @@ pub fn fixtures() -> Option<Value> {
         None => {
             let dir = manifest.join("../../../shared/fixtures");
             if !dir.is_dir() {
+                assert!(
+                    std::env::var("ACEMQ_TEST_REQUIRE_BROKER").as_deref() != Ok("1"),
+                    "ACEMQ_TEST_REQUIRE_BROKER=1 (CI) but no family fixtures: set ACEMQ_FAMILY_FIXTURES"
+                );
                 eprintln!(
-                    "note: ACEMQ_FAMILY_FIXTURES is unset and {} does not exist; skipping the contract fixtures",
+                    "note: ACEMQ_FAMILY_FIXTURES is unset and {} does not exist; the contract fixtures were not read",
                     dir.display()
                 );
                 return None;
