@@ -118,3 +118,17 @@ macro_rules! on_pool {
         }
     };
 }
+
+/// DDL statements as one text: separated by `;` and a newline, for a migration.
+pub(crate) fn ddl_text(ddl: &[String]) -> String {
+    ddl.join(";\n") + ";"
+}
+
+/// Runs DDL statements (`IF NOT EXISTS` ones) in order.
+pub(crate) async fn run_ddl(pool: &SqlPool, ddl: &[String]) -> Result<(), crate::Error> {
+    for stmt in ddl {
+        let stmt = stmt.clone();
+        on_pool!(pool, p => sqlx::query(sqlx::AssertSqlSafe(stmt)).execute(p).await.map(|_| ())?);
+    }
+    Ok(())
+}

@@ -263,17 +263,13 @@ impl Outbox {
     /// The DDL for the table and its indexes, in the pool's dialect: statements separated
     /// by `;` and a newline. Put it in a migration.
     pub fn create_table_sql(&self) -> String {
-        self.sql.ddl.join(";\n") + ";"
+        crate::pool::ddl_text(&self.sql.ddl)
     }
 
     /// Runs [`create_table_sql`](Self::create_table_sql) (`IF NOT EXISTS`). For
     /// development and tests.
     pub async fn create_table_if_absent(&self) -> Result<(), Error> {
-        for stmt in &self.sql.ddl {
-            let stmt = stmt.clone();
-            on_pool!(&self.pool, p => sqlx::query(AssertSqlSafe(stmt)).execute(p).await.map(|_| ())?);
-        }
-        Ok(())
+        crate::pool::run_ddl(&self.pool, &self.sql.ddl).await
     }
 
     /// Encodes `payload` as JSON with a fresh envelope (as [`acemq::publish::prepare`]
