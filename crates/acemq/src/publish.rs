@@ -4,7 +4,7 @@
 //! publish: the envelope is built and written, the body encoded, the reserved header prefix
 //! refused, and the broker's answer turned into a [`PublishResult`] or an [`Error`]
 //! (unroutable, nacked, refused). A bounded window of outstanding confirms per connection
-//! (default 1000) keeps memory flat under load. It also owns [`publish_on_behalf`], the one
+//! (default 1000) keeps memory flat under load. It also owns `publish_on_behalf`, the one
 //! path every move the engine makes (retry hop, dead letter, park, replay) goes through.
 
 use std::collections::VecDeque;

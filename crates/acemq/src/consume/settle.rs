@@ -1,7 +1,7 @@
 //! Settlement: the one place that turns a delivery plus what happened to it into exactly
 //! one broker outcome (wire.md §5–§6).
 //!
-//! [`decide`] is pure: handler result + envelope + policy -> [`Decision`]. [`Settler`]
+//! `decide` is pure: handler result + envelope + policy -> [`Decision`]. `Settler`
 //! carries a decision out. Every move (retry hop, dead letter, park) is a mandatory,
 //! confirmed publish through the default exchange that keeps the body, `message_id`,
 //! content type, reply-to and every incoming header, then rewrites the envelope fields;

@@ -74,7 +74,7 @@ use std::time::Duration;
 
 use crate::transport::BoxFuture;
 
-pub use memory::InMemoryIdempotencyStore;
+pub use memory::{DEFAULT_MAX_ENTRIES, InMemoryIdempotencyStore};
 
 /// How long an unconfirmed claim is honoured before another consumer may take it over:
 /// five minutes, the same figure every AceMQ library uses.

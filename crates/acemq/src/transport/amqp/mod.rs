@@ -8,12 +8,12 @@
 //! with [`TransportError::Blocked`] (nothing is sent) instead of hanging.
 //!
 //! The parts:
-//! * [`publisher`]: one confirm-mode channel, publishes serialized, confirms collected in
+//! * `publisher`: one confirm-mode channel, publishes serialized, confirms collected in
 //!   publish order and returns matched to publishes by `message_id`;
-//! * [`subscription`]: one channel per subscription, prefetch before consume, settlements
+//! * `subscription`: one channel per subscription, prefetch before consume, settlements
 //!   that never report an unsent ack as success;
-//! * [`convert`]: properties and header tables, lossless and panic-free;
-//! * [`errors`]: lapin errors by AMQP reply code.
+//! * `convert`: properties and header tables, lossless and panic-free;
+//! * `errors`: lapin errors by AMQP reply code.
 //!
 //! Topology operations run on channels of the consuming connection taken from a small pool,
 //! one operation per channel at a time: a 404 or 406 closes the channel it happens on, so a
