@@ -25,10 +25,16 @@ async fn closing_one_consumer_lets_its_handler_finish_its_move_and_the_rest_keep
                 .await
                 .unwrap();
         }
+        let started = std::sync::Arc::new(tokio::sync::Notify::new());
+        let s = started.clone();
         let first = mq
-            .consume(&q1, ConsumerOptions::default(), |_m: Message<u32>| async {
-                tokio::time::sleep(Duration::from_millis(400)).await;
-                Err(HandlerError::fatal("unprocessable"))
+            .consume(&q1, ConsumerOptions::default(), move |_m: Message<u32>| {
+                let s = s.clone();
+                async move {
+                    s.notify_one();
+                    tokio::time::sleep(Duration::from_millis(400)).await;
+                    Err(HandlerError::fatal("unprocessable"))
+                }
             })
             .await
             .unwrap();
@@ -39,10 +45,10 @@ async fn closing_one_consumer_lets_its_handler_finish_its_move_and_the_rest_keep
             .await
             .unwrap();
         mq.publisher::<u32>("", &q1).send(&1).await.unwrap();
-        eventually(WAIT, "the handler to start", || async {
-            (first.in_flight() == 1).then_some(())
-        })
-        .await;
+        tokio::time::timeout(WAIT, started.notified())
+            .await
+            .unwrap();
+        assert_eq!(first.in_flight(), 1, "its handler is running");
         first.close().await;
         // close() returned after the handler did, with its move to .dlq confirmed and acked.
         assert_eq!(first.stats().rejected, 1);

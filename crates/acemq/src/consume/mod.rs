@@ -395,7 +395,6 @@ where
                 // spawn per delivery costs more than a fast handler); the loop would wait
                 // for its slot before the next delivery anyway. A close still cancels the
                 // subscription at once and lets this handler finish.
-                ctx.in_flight.fetch_add(1, Ordering::SeqCst);
                 let handled = handle(ctx.clone(), delivery, permit, Some(&mut acks));
                 tokio::pin!(handled);
                 tokio::select! {
@@ -409,7 +408,6 @@ where
                 }
             }
             Some(Ok(delivery)) => {
-                ctx.in_flight.fetch_add(1, Ordering::SeqCst);
                 handlers.spawn(handle(ctx.clone(), delivery, permit, None));
             }
             Some(Err(e)) => {
@@ -468,10 +466,10 @@ async fn handle<T, F, Fut>(
             ctx.settler.flush(acks).await;
         }
         ctx.settler.hand_back(&d).await;
-        ctx.in_flight.fetch_sub(1, Ordering::SeqCst);
         return;
     }
     ctx.lifecycle().handler_started();
+    ctx.in_flight.fetch_add(1, Ordering::SeqCst);
     let started = Instant::now();
     let metrics = ctx.settler.metrics.for_type(envelope.message_type());
     metrics.in_flight(1);
