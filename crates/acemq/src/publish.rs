@@ -508,7 +508,10 @@ impl Connection {
     /// confirmed, and waits for the confirm. Not refused by
     /// [`Connection::pause_publishing`]: this is the path for publishing on someone's
     /// behalf, e.g. an outbox relay.
-    pub async fn publish_prepared(&self, outbound: Outbound) -> Result<PublishResult, Error> {
+    pub async fn publish_prepared(&self, mut outbound: Outbound) -> Result<PublishResult, Error> {
+        // Always mandatory: whoever publishes on someone's behalf must learn of a message
+        // that reached no queue (an outbox row marked published into nothing is lost).
+        outbound.mandatory = true;
         let started = Instant::now();
         let permit = acquire(&self.shared).await?;
         start_publish(&self.shared, outbound, permit)

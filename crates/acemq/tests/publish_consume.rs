@@ -119,6 +119,16 @@ async fn unroutable_publishes_are_errors() {
             .unwrap();
         let err = mq.publisher::<u32>(&ex, "a.b").send(&1).await.unwrap_err();
         assert!(matches!(err, Error::Unroutable { ref exchange, .. } if *exchange == ex));
+        // A prepared publish is mandatory whatever the caller built.
+        let mut prepared = acemq::transport::Outbound::new(
+            "",
+            missing.clone(),
+            acemq::transport::Properties::default(),
+            "1",
+        );
+        prepared.mandatory = false;
+        let err = mq.publish_prepared(prepared).await.unwrap_err();
+        assert!(err.is_unroutable(), "{err}");
         // Not an error when the caller allows it.
         mq.publisher::<u32>(&ex, "a.b")
             .allow_unroutable()
