@@ -254,13 +254,30 @@ impl<T: ?Sized + 'static> Publisher<T> {
         options: SendOptions,
     ) -> Result<PublishResult, Error> {
         let started = Instant::now();
-        let (outbound, span) = self.build(payload, options)?;
+        let (outbound, context) = self.build(payload, options)?;
+        let span = self.span(&outbound, &context);
         let result = async { self.start(outbound, None).await?.finish(started).await }
             .instrument(span.clone())
             .await;
         let outcome = self.record(&result, started);
         trace::record_publish_outcome(&span, outcome);
         result
+    }
+
+    /// The publish span of a built message (its context is the `traceparent` it carries; its
+    /// parent, the handler's context when publishing from inside one).
+    fn span(&self, out: &Outbound, context: &TraceContext) -> tracing::Span {
+        let h = &out.properties.headers;
+        trace::publish_span(
+            &self.exchange,
+            &self.routing_key,
+            out.properties.message_id.as_deref().unwrap_or_default(),
+            h.get(crate::envelope::TYPE)
+                .and_then(crate::headers::HeaderValue::as_str)
+                .unwrap_or_default(),
+            context,
+            trace::current().as_ref(),
+        )
     }
 
     /// Records the family's publish metric for one result; returns its outcome.
@@ -277,7 +294,7 @@ impl<T: ?Sized + 'static> Publisher<T> {
 
     /// The message to send, with a trace context (a child of the handler's when publishing
     /// from inside one) injected as `traceparent`, and its publish span.
-    fn build(&self, payload: &T, mut o: SendOptions) -> Result<(Outbound, tracing::Span), Error> {
+    fn build(&self, payload: &T, mut o: SendOptions) -> Result<(Outbound, TraceContext), Error> {
         o.persistent = o.persistent.or(Some(self.persistent));
         let chain = self.shared.interceptors.publish_chain();
         let mut out = prepare_with(
@@ -300,21 +317,9 @@ impl<T: ?Sized + 'static> Publisher<T> {
             },
         )?;
         out.mandatory = self.mandatory;
-        let (context, parent) = TraceContext::for_publish();
+        let (context, _parent) = TraceContext::for_publish();
         context.inject(&mut out.properties.headers);
-        let span = trace::publish_span(
-            &self.exchange,
-            &self.routing_key,
-            out.properties.message_id.as_deref().unwrap_or_default(),
-            out.properties
-                .headers
-                .get(crate::envelope::TYPE)
-                .and_then(crate::headers::HeaderValue::as_str)
-                .unwrap_or_default(),
-            &context,
-            parent.as_ref(),
-        );
-        Ok((out, span))
+        Ok((out, context))
     }
 
     async fn start(
@@ -344,7 +349,7 @@ impl<T: Sized + 'static> Publisher<T> {
         let mut results: Vec<Result<PublishResult, Error>> = Vec::with_capacity(total);
         for payload in payloads {
             let outbound = match self.build(payload, SendOptions::default()) {
-                Ok((o, _span)) => o,
+                Ok((o, _)) => o,
                 Err(e) => {
                     pending.push_back(Err(e));
                     continue;

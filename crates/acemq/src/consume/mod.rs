@@ -39,7 +39,7 @@ use crate::observe::trace::{self, TraceContext};
 use crate::retry::RetryPolicy;
 use crate::topology::Topology;
 use crate::transport::{ConsumeSpec, Delivery, Subscription};
-use settle::{AckRun, ConsumerMetrics, Outcome, Settler, decide};
+use settle::{AckRun, ConsumerMetrics, Observed, Outcome, Settler, decide};
 use stats::Stats;
 use tracing::Instrument;
 
@@ -470,18 +470,20 @@ async fn handle<T, F, Fut>(
     }
     ctx.lifecycle().handler_started();
     ctx.in_flight.fetch_add(1, Ordering::SeqCst);
-    let started = Instant::now();
-    let metrics = ctx.settler.metrics.for_type(envelope.message_type());
-    metrics.in_flight(1);
     let (trace_ctx, parent) = TraceContext::for_process(&d.properties.headers);
-    let span = trace::process_span(
-        &ctx.settler.queue,
-        envelope.id(),
-        envelope.message_type(),
-        u32::try_from(envelope.attempt()).unwrap_or(1),
-        &trace_ctx,
-        parent.as_ref(),
-    );
+    let seen = Observed {
+        started: Instant::now(),
+        span: trace::process_span(
+            &ctx.settler.queue,
+            envelope.id(),
+            envelope.message_type(),
+            u32::try_from(envelope.attempt()).unwrap_or(1),
+            &trace_ctx,
+            parent.as_ref(),
+        ),
+        series: ctx.settler.metrics.for_type(envelope.message_type()),
+    };
+    seen.series.in_flight(1);
     let outcome = match decoded {
         Err(e) => Outcome::Undecodable(decode_reason(e)),
         Ok(payload) => {
@@ -518,7 +520,7 @@ async fn handle<T, F, Fut>(
                         cancellation: ctx.settler.closing.child_token(),
                     };
                     let outcome = trace::scope(trace_ctx, run_handler(&ctx.handler, message))
-                        .instrument(span.clone())
+                        .instrument(seen.span.clone())
                         .await;
                     if let Some(store) = &ctx.idempotency {
                         record_claim(&**store, envelope.id(), &outcome).await;
@@ -546,16 +548,12 @@ async fn handle<T, F, Fut>(
     match acks {
         Some(acks) => {
             ctx.settler
-                .settle_in_run(d, &envelope, decision, started, &span, acks)
+                .settle_in_run(d, &envelope, decision, &seen, acks)
                 .await
         }
-        None => {
-            ctx.settler
-                .settle(d, &envelope, decision, started, &span)
-                .await
-        }
+        None => ctx.settler.settle(d, &envelope, decision, &seen).await,
     }
-    metrics.in_flight(-1);
+    seen.series.in_flight(-1);
     ctx.lifecycle().handler_finished();
     ctx.in_flight.fetch_sub(1, Ordering::SeqCst);
 }

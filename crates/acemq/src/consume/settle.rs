@@ -214,6 +214,15 @@ impl AckRun {
     }
 }
 
+/// How one delivery is being observed: when its handling started, its processing span and
+/// its metric series (looked up once per delivery).
+#[derive(Debug)]
+pub(crate) struct Observed {
+    pub(crate) started: Instant,
+    pub(crate) span: tracing::Span,
+    pub(crate) series: Arc<ConsumeMetrics>,
+}
+
 /// Carries decisions out for one consumer.
 #[derive(Debug)]
 pub(crate) struct Settler {
@@ -234,8 +243,7 @@ impl Settler {
         d: Delivery,
         envelope: &Envelope,
         decision: Decision,
-        started: Instant,
-        span: &tracing::Span,
+        seen: &Observed,
     ) {
         let counter = match decision {
             Decision::Ack => self.send(&d, ACK, Counter::Acked).await,
@@ -271,10 +279,8 @@ impl Settler {
         };
         self.stats.add(counter);
         if let Some(outcome) = counter.outcome() {
-            self.metrics
-                .for_type(envelope.message_type())
-                .record(outcome, started.elapsed());
-            trace::record_consume_outcome(span, outcome);
+            seen.series.record(outcome, seen.started.elapsed());
+            trace::record_consume_outcome(&seen.span, outcome);
         }
     }
 
@@ -285,13 +291,12 @@ impl Settler {
         d: Delivery,
         envelope: &Envelope,
         decision: Decision,
-        started: Instant,
-        span: &tracing::Span,
+        seen: &Observed,
         run: &mut AckRun,
     ) {
         if decision != Decision::Ack {
             self.flush(run).await;
-            return self.settle(d, envelope, decision, started, span).await;
+            return self.settle(d, envelope, decision, seen).await;
         }
         if run
             .last
@@ -301,9 +306,8 @@ impl Settler {
             // Not after the run (cannot happen on one channel in order): keep it exact.
             self.flush(run).await;
         }
-        trace::record_consume_outcome(span, ConsumeOutcome::Acked);
-        let series = self.metrics.for_type(envelope.message_type());
-        run.held.push((series, started.elapsed()));
+        trace::record_consume_outcome(&seen.span, ConsumeOutcome::Acked);
+        run.held.push((seen.series.clone(), seen.started.elapsed()));
         run.last = Some(d);
     }
 
