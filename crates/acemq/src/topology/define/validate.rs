@@ -155,37 +155,35 @@ pub(super) fn exchange_difference(first: &ExchangeDecl, second: &ExchangeDecl) -
             second.kind.as_str()
         ));
     }
-    if first.durable != second.durable {
-        parts.push(format!("durable {} vs {}", first.durable, second.durable));
-    }
-    if first.auto_delete != second.auto_delete {
-        parts.push(format!(
-            "auto_delete {} vs {}",
-            first.auto_delete, second.auto_delete
-        ));
-    }
+    flag(&mut parts, "durable", first.durable, second.durable);
+    flag(
+        &mut parts,
+        "auto_delete",
+        first.auto_delete,
+        second.auto_delete,
+    );
     parts.extend(argument_differences(&first.arguments, &second.arguments));
     parts.join("; ")
+}
+
+/// Notes a flag that differs: `"{name} {first} vs {second}"`.
+fn flag(parts: &mut Vec<String>, name: &str, first: bool, second: bool) {
+    if first != second {
+        parts.push(format!("{name} {first} vs {second}"));
+    }
 }
 
 /// What differs between two declarations of one queue.
 pub(super) fn queue_difference(first: &QueueDecl, second: &QueueDecl) -> String {
     let mut parts = Vec::new();
-    if first.durable != second.durable {
-        parts.push(format!("durable {} vs {}", first.durable, second.durable));
-    }
-    if first.exclusive != second.exclusive {
-        parts.push(format!(
-            "exclusive {} vs {}",
-            first.exclusive, second.exclusive
-        ));
-    }
-    if first.auto_delete != second.auto_delete {
-        parts.push(format!(
-            "auto_delete {} vs {}",
-            first.auto_delete, second.auto_delete
-        ));
-    }
+    flag(&mut parts, "durable", first.durable, second.durable);
+    flag(&mut parts, "exclusive", first.exclusive, second.exclusive);
+    flag(
+        &mut parts,
+        "auto_delete",
+        first.auto_delete,
+        second.auto_delete,
+    );
     parts.extend(argument_differences(&first.arguments, &second.arguments));
     parts.join("; ")
 }

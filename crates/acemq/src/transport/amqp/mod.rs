@@ -228,6 +228,29 @@ impl AmqpTransport {
         s
     }
 
+    /// queue.bind (`bind`) or queue.unbind on a topology channel.
+    async fn binding_op(&self, decl: &BindingDecl, bind: bool) -> Result<(), TransportError> {
+        let (queue, exchange) = (convert::name(&decl.queue)?, convert::name(&decl.exchange)?);
+        let routing_key = convert::name(&decl.routing_key)?;
+        let arguments = convert::to_table(&decl.arguments)?;
+        let ch = self.checkout().await?;
+        let done = if bind {
+            ch.queue_bind(
+                queue,
+                exchange,
+                routing_key,
+                QueueBindOptions::default(),
+                arguments,
+            )
+            .await
+        } else {
+            ch.queue_unbind(queue, exchange, routing_key, arguments)
+                .await
+        };
+        self.checkin(ch);
+        done.map_err(from_lapin)
+    }
+
     async fn queue_op(
         &self,
         name: &str,
@@ -433,38 +456,12 @@ impl Transport for AmqpTransport {
 
     fn bind_queue(&self, decl: &BindingDecl) -> BoxFuture<'_, Result<(), TransportError>> {
         let decl = decl.clone();
-        Box::pin(async move {
-            let (queue, exchange) = (convert::name(&decl.queue)?, convert::name(&decl.exchange)?);
-            let routing_key = convert::name(&decl.routing_key)?;
-            let arguments = convert::to_table(&decl.arguments)?;
-            let ch = self.checkout().await?;
-            let bound = ch
-                .queue_bind(
-                    queue,
-                    exchange,
-                    routing_key,
-                    QueueBindOptions::default(),
-                    arguments,
-                )
-                .await;
-            self.checkin(ch);
-            bound.map_err(from_lapin)
-        })
+        Box::pin(async move { self.binding_op(&decl, true).await })
     }
 
     fn unbind_queue(&self, decl: &BindingDecl) -> BoxFuture<'_, Result<(), TransportError>> {
         let decl = decl.clone();
-        Box::pin(async move {
-            let (queue, exchange) = (convert::name(&decl.queue)?, convert::name(&decl.exchange)?);
-            let routing_key = convert::name(&decl.routing_key)?;
-            let arguments = convert::to_table(&decl.arguments)?;
-            let ch = self.checkout().await?;
-            let unbound = ch
-                .queue_unbind(queue, exchange, routing_key, arguments)
-                .await;
-            self.checkin(ch);
-            unbound.map_err(from_lapin)
-        })
+        Box::pin(async move { self.binding_op(&decl, false).await })
     }
 
     fn inspect_queue(&self, name: &str) -> BoxFuture<'_, Result<QueueInfo, TransportError>> {
