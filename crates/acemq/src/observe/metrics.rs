@@ -1,6 +1,6 @@
 //! The family's metrics, through the [`metrics`] facade.
 //!
-//! Names, tag keys and outcome values are the wire contract's (§9), character for
+//! Names, tag keys and outcome values are the wire contract's (`docs/wire.md` §9), character for
 //! character; Prometheus rewrites the dots to underscores (`acemq_consume_total`).
 //! Durations are recorded in **seconds** (`f64`).
 //!

@@ -1,5 +1,5 @@
 //! The names AceMQ derives from a queue name, and the declarations that go with them
-//! (wire contract §4). These tables are exact: a second declarer whose arguments differ by
+//! (`docs/wire.md` §4). These tables are exact: a second declarer whose arguments differ by
 //! one entry fails with `PRECONDITION_FAILED`, so every library in the family produces the
 //! same names and the same arguments.
 
