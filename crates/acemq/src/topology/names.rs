@@ -73,7 +73,7 @@ pub fn retry_queue(queue: &str, delay: Duration) -> String {
 /// `500ms`. The Go, Python and Ruby libraries truncate to whole seconds and write `0s`;
 /// the two names are different queues. The case only arises when a policy lowers its
 /// broker-wait threshold below one second, which is recorded as a known disagreement in
-/// the contract fixtures (`naming.subSecondDisagreement`).
+/// the contract fixtures (`naming.subSecondDisagreement`) and in `docs/wire.md` §11.
 ///
 /// ```
 /// use std::time::Duration;
