@@ -295,10 +295,10 @@ pub fn record_set_aside_failed(queue: &str, target: &str) {
     .increment(1);
 }
 
-/// Counts a retry whose rung queue (`rung`: its name, e.g. `orders.retry.60000`) was missing.
+/// Counts a retry whose rung queue (`rung`: its name, e.g. `orders.retry.1m`) was missing.
 ///
 /// ```
-/// acemq::observe::metrics::record_rung_missing("orders", "orders.retry.60000");
+/// acemq::observe::metrics::record_rung_missing("orders", "orders.retry.1m");
 /// ```
 pub fn record_rung_missing(queue: &str, rung: &str) {
     counter(
