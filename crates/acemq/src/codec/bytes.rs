@@ -18,6 +18,21 @@ use crate::error::Error;
 #[derive(Clone, Copy, Debug, Default)]
 pub struct RawBytes;
 
+impl RawBytes {
+    /// Whether raw bytes are read from a body delivered with `content_type`: always (the
+    /// same answer as [`Decoder::accepts`], callable without naming the payload type).
+    ///
+    /// ```
+    /// use acemq::codec::RawBytes;
+    /// assert!(RawBytes.accepts(Some("application/json")));
+    /// assert!(RawBytes.accepts(None));
+    /// ```
+    pub fn accepts(&self, content_type: Option<&str>) -> bool {
+        let _ = content_type;
+        true
+    }
+}
+
 impl Encoder<[u8]> for RawBytes {
     fn content_type(&self) -> &str {
         BYTES
@@ -46,8 +61,8 @@ impl Encoder<Bytes> for RawBytes {
 }
 
 impl Decoder<Vec<u8>> for RawBytes {
-    fn accepts(&self, _content_type: Option<&str>) -> bool {
-        true
+    fn accepts(&self, content_type: Option<&str>) -> bool {
+        RawBytes::accepts(self, content_type)
     }
     fn decode(&self, _content_type: Option<&str>, body: &[u8]) -> Result<Vec<u8>, Error> {
         Ok(body.to_vec())
@@ -55,8 +70,8 @@ impl Decoder<Vec<u8>> for RawBytes {
 }
 
 impl Decoder<Bytes> for RawBytes {
-    fn accepts(&self, _content_type: Option<&str>) -> bool {
-        true
+    fn accepts(&self, content_type: Option<&str>) -> bool {
+        RawBytes::accepts(self, content_type)
     }
     fn decode(&self, _content_type: Option<&str>, body: &[u8]) -> Result<Bytes, Error> {
         Ok(Bytes::copy_from_slice(body))

@@ -22,7 +22,16 @@ use crate::error::Error;
 pub struct Json;
 
 impl Json {
-    fn reads(content_type: Option<&str>) -> bool {
+    /// Whether JSON is read from a body delivered with `content_type` (the same answer as
+    /// [`Decoder::accepts`], callable without naming the payload type).
+    ///
+    /// ```
+    /// use acemq::codec::Json;
+    /// assert!(Json.accepts(Some("application/problem+json")));
+    /// assert!(Json.accepts(None));
+    /// assert!(!Json.accepts(Some("text/plain")));
+    /// ```
+    pub fn accepts(&self, content_type: Option<&str>) -> bool {
         given(content_type).is_none_or(is_json)
     }
 }
@@ -43,10 +52,10 @@ impl<T: Serialize + ?Sized> Encoder<T> for Json {
 
 impl<T: DeserializeOwned> Decoder<T> for Json {
     fn accepts(&self, content_type: Option<&str>) -> bool {
-        Self::reads(content_type)
+        Json::accepts(self, content_type)
     }
     fn decode(&self, content_type: Option<&str>, body: &[u8]) -> Result<T, Error> {
-        if let Some(ct) = given(content_type).filter(|ct| !Self::reads(Some(ct))) {
+        if let Some(ct) = given(content_type).filter(|ct| !Json::accepts(self, Some(ct))) {
             return Err(refused(ct, "JSON"));
         }
         serde_json::from_slice(body).map_err(|e| Error::Decode {
