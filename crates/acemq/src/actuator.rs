@@ -1,46 +1,6 @@
 //! The HTTP actuator (feature `actuator`): `/acemq-health`, `/acemq-metrics`, `/acemq-info`.
 //!
-//! The same port (`127.0.0.1:9464`) and paths as the Java, .NET and Go libraries, so one
-//! scrape and probe configuration fits every AceMQ service:
-//!
-//! | Path | Answer |
-//! |---|---|
-//! | `/acemq-health` | [`Health::to_json`]: `{"status":"UP","inFlight":0,"components":{...}}`. **503 only when Down**; 200 for Up and Degraded (a blocked connection is Up). `{"status":"UNKNOWN"}` with 200 when no health source was given. |
-//! | `/acemq-metrics` | Prometheus text (`text/plain; version=0.0.4`), dots rewritten to underscores: `acemq_consume_total{outcome="retried",...}`. |
-//! | `/acemq-info` | [`InfoDoc`] as JSON: library, version, transport, capabilities. |
-//!
-//! Anything else is a 404 naming the three paths. The endpoints are unauthenticated: keep
-//! the default loopback bind unless something in front of it decides who may ask.
-//!
-//! **Recorders.** The library never installs a metrics recorder on its own.
-//! [`ActuatorBuilder::install_prometheus_recorder`] is the explicit opt-in: at
-//! [`ActuatorBuilder::start`] it installs `metrics-exporter-prometheus`'s recorder as the
-//! process-wide global (failing if another is installed) and serves its rendering. An
-//! application with its own recorder passes [`ActuatorBuilder::metrics_render`] instead.
-//! Start the actuator before traffic: metric handles bind to the recorder in force when
-//! they are first used.
-//!
-//! ```no_run
-//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use acemq::actuator::{Actuator, InfoDoc};
-//! use acemq::health::{connection_report, HealthRegistry};
-//! use acemq::transport::TransportStatus;
-//!
-//! let registry = std::sync::Arc::new(HealthRegistry::new());
-//! let handle = Actuator::builder()
-//!     .health(move || registry.evaluate_with([connection_report(
-//!         &TransportStatus { connected: true, blocked: None }, // mq.status() in real code
-//!         &[("transport", "amqp".into())],
-//!     )]))
-//!     .in_flight(|| 0)
-//!     .info(InfoDoc::new("amqp", vec!["confirms".into(), "broker-retry".into()]))
-//!     .install_prometheus_recorder()
-//!     .start()
-//!     .await?;
-//! println!("actuator on http://{}/acemq-health", handle.local_addr());
-//! handle.shutdown().await;
-//! # Ok(()) }
-//! ```
+#![doc = include_str!("../../../docs/actuator.md")]
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::panic::{AssertUnwindSafe, catch_unwind};

@@ -1,4 +1,4 @@
-//! The envelope: AceMQ's wire contract in the message headers (wire.md §1–§3).
+//! The envelope: AceMQ's wire contract in the message headers (`docs/wire.md` §1–§3).
 //!
 //! This module owns the `x-acemq-*` header names and their exact wire types (strings,
 //! int32 attempt and version, int64 epoch-millisecond first-seen), the shared `acemq-*`
@@ -99,7 +99,7 @@ impl Envelope {
         }
     }
 
-    /// Reads an envelope from delivered properties, tolerantly (wire.md §2): id falls back
+    /// Reads an envelope from delivered properties, tolerantly (`docs/wire.md` §2): id falls back
     /// to `message_id` then a fresh UUID; correlation to the id; type to the routing key or
     /// `message`; version and attempt to 1 when missing, below 1 or unreadable; integers at
     /// any width or as numeric strings; empty strings read as absent; a missing first-seen

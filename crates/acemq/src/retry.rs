@@ -20,7 +20,7 @@
 //! total, including the first) and [`RetryPolicy::max_message_age`] (age measured from the
 //! first publish; zero, the default of every factory, means no limit).
 //!
-//! The arithmetic is pinned by the family's `contract-fixtures.json` (wire contract §5), so
+//! The arithmetic is pinned by the family's `contract-fixtures.json` (`docs/wire.md` §5), so
 //! the same policy yields the same schedule, the same rungs and the same decisions in the
 //! Java, .NET, Go, Python, Ruby and Rust libraries.
 //!

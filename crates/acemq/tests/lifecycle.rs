@@ -1,4 +1,4 @@
-//! Conformance: pause, drain and close (issue 5, seed 000 "Shutting down") on `memory://`
+//! Conformance: pause, drain and close (`docs/wire.md` §12) on `memory://`
 //! and RabbitMQ.
 
 mod support;

@@ -1,5 +1,5 @@
 //! The retry policy and the topology names against the family's `contract-fixtures.json`
-//! (wire contract §4 and §5).
+//! (`docs/wire.md` §4 and §5).
 //!
 //! The fixtures are read from the directory in `ACEMQ_FAMILY_FIXTURES` (CI sets it); a
 //! missing file there is a failure. Without the variable, `../../../shared/fixtures`

@@ -1,5 +1,5 @@
 //! The topology names, rung arguments, declarations and queue types against the family's
-//! `contract-fixtures.json` (wire contract §4). See `contract/mod.rs` for where the
+//! `contract-fixtures.json` (`docs/wire.md` §4). See `contract/mod.rs` for where the
 //! fixtures come from.
 
 mod contract;
@@ -21,7 +21,7 @@ use contract::*;
 // naming
 // ---------------------------------------------------------------------------------------
 
-/// A second, independent rendering of a rung delay (wire contract §4): largest unit that
+/// A second, independent rendering of a rung delay (`docs/wire.md` §4): largest unit that
 /// divides the delay exactly, in whole milliseconds.
 fn independent_render(millis: u128) -> String {
     for (unit, suffix) in [(3_600_000u128, "h"), (60_000, "m"), (1_000, "s")] {

@@ -1,4 +1,4 @@
-//! Wire contract (wire.md §2–§3): what AceMQ writes, read back by a plain AMQP client, and
+//! Wire contract (`docs/wire.md` §2–§3): what AceMQ writes, read back by a plain AMQP client, and
 //! what the Java reference wrote (`envelope-fixtures.json`), read by an AceMQ consumer.
 
 mod support;

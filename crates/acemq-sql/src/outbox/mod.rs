@@ -1,45 +1,7 @@
 //! The transactional outbox: messages written in the caller's transaction, published by a
 //! relay afterwards.
 //!
-//! The dual-write problem: a service saves an order and publishes an event, and dies
-//! between the two. [`Outbox::enqueue`] writes the encoded message into an outbox table in
-//! the *same* transaction as the business data, so the message becomes durable exactly
-//! when that transaction commits, and disappears with it when it rolls back. An
-//! [`OutboxRelay`] then publishes each row (mandatory, confirmed, the stored bytes and the
-//! record's own message id, never re-encoded) and marks it published.
-//!
-//! Delivery is **at least once**: a relay killed between a publish and its mark publishes
-//! that row again. The copy carries the same message id, so an idempotent consumer (see
-//! [`acemq::idempotency`]) absorbs it. Several relays may run at once: each claims rows with
-//! a lease (`locked_by`, `locked_until`; on PostgreSQL with `FOR UPDATE SKIP LOCKED`), so in
-//! the normal case a row is published once. Order holds only while a single relay runs.
-//!
-//! A row whose publish fails (unroutable, nacked, broker down) has `attempts` incremented
-//! and `last_error` set, and is tried again after the relay's retry delay; after
-//! `max_attempts` it is retired: kept in the table with `retired_at` set, never claimed
-//! again, for you to inspect ([`Outbox::retired`]).
-//!
-//! ```no_run
-//! # #[cfg(feature = "postgres")]
-//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use acemq_sql::outbox::{Outbox, OutboxRelay};
-//!
-//! let pool = sqlx::PgPool::connect("postgres://postgres@127.0.0.1/app").await?;
-//! let outbox = Outbox::new(pool.clone());
-//! outbox.create_table_if_absent().await?; // development only; use a migration
-//!
-//! let mut tx = pool.begin().await?;
-//! sqlx::query("INSERT INTO orders (id) VALUES ($1)").bind("o-1").execute(&mut *tx).await?;
-//! let id = outbox.enqueue(&mut tx, "orders", "order.placed", &serde_json::json!({"id": "o-1"})).await?;
-//! tx.commit().await?; // the message exists from here on
-//!
-//! let mq = acemq::Connection::connect("amqp://guest:guest@127.0.0.1:5672/%2f").await?;
-//! let relay = OutboxRelay::new(mq, outbox);
-//! relay.start()?;
-//! // ...
-//! relay.stop().await;
-//! # let _ = id; Ok(()) }
-//! ```
+#![doc = include_str!("../../../../docs/outbox.md")]
 
 mod relay;
 mod sql;

@@ -1,71 +1,7 @@
 //! Idempotent consuming: remembering which messages were handled, so a redelivery is not
 //! handled twice.
 //!
-//! Every broker worth using delivers at least once, so a consumer will see some messages
-//! twice: a redelivery after a crash, a retry that had in fact succeeded, an outbox relay
-//! that published before it could record doing so. An [`IdempotencyStore`] remembers, per
-//! message id (the envelope's `x-acemq-id`, which every retry hop and replay keeps), whether
-//! the message is being handled or was handled.
-//!
-//! # Three states, not two
-//!
-//! A store answers a [`try_claim`](IdempotencyStore::try_claim) with one of three outcomes:
-//!
-//! * [`ClaimOutcome::Claimed`]: nobody holds it; run the handler, then
-//!   [`confirm`](IdempotencyStore::confirm) on success or
-//!   [`release`](IdempotencyStore::release) on failure (so the retry is not mistaken for a
-//!   duplicate).
-//! * [`ClaimOutcome::Duplicate`]: it was handled and confirmed; accept it without running
-//!   the handler.
-//! * [`ClaimOutcome::InProgress`]: someone holds a live, unconfirmed claim. It is neither
-//!   handled nor accepted: the consumer waits its in-progress delay and puts it back, until
-//!   the claim is confirmed (then it is a duplicate) or the lease runs out (then it is
-//!   taken over). Accepting it would lose the message if the holder then fails.
-//!
-//! # A claim is a lease, not a fact
-//!
-//! A handler whose process dies releases nothing, so a claim expires on its own after the
-//! claim timeout ([`DEFAULT_CLAIM_TIMEOUT`], five minutes, the figure every AceMQ library
-//! uses), and another consumer may then take it over. A confirmed claim is never taken
-//! over while it is retained: that would hand out completed work again.
-//!
-//! **Set the claim timeout comfortably above your slowest handler**: too short, and a slow
-//! handler's message is handed to a second consumer while the first is still working on
-//! it; too long, and a crash stalls that message for the whole window. **Keep the
-//! consumer's in-progress delay well under the claim timeout** (five seconds against five
-//! minutes by default), so a message waiting on a claim looks again often enough to be
-//! taken over soon after the lease runs out.
-//!
-//! # What "effectively once" means here, and what it does not
-//!
-//! With an idempotent consumer a message's handler runs to a confirmed end once per
-//! retention window, however often the broker delivers it. That is *effectively once* for
-//! the **delivery**, not exactly-once for the **work**:
-//!
-//! * A handler that writes to another database than the store's can commit that write and
-//!   then crash before the confirm lands. The claim expires, the message is taken over, and
-//!   the work is done a second time. Only a handler that writes in the *same* transaction as
-//!   the confirm (or makes its own write idempotent) is safe against that.
-//! * A lease that expires while its handler is still running hands the message to a second
-//!   consumer: two handlers run at once.
-//! * A redelivery after the retention window has passed is handled again.
-//! * [`InMemoryIdempotencyStore`] is per process and forgets everything on restart: it
-//!   deduplicates what one running consumer sees (most redeliveries), not across
-//!   instances or a deploy. For several instances behind one queue use a shared store, such
-//!   as the SQL stores of the `acemq-sql` crate.
-//!
-//! So a handler must still be *safe* to run twice; the store makes running it twice rare.
-//!
-//! ```
-//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), acemq::idempotency::StoreError> {
-//! use acemq::idempotency::{ClaimOutcome, IdempotencyStore, InMemoryIdempotencyStore};
-//! let store = InMemoryIdempotencyStore::for_one_day();
-//! assert_eq!(store.try_claim("order-42").await?, ClaimOutcome::Claimed);
-//! // ... the handler succeeded:
-//! store.confirm("order-42").await?;
-//! assert_eq!(store.try_claim("order-42").await?, ClaimOutcome::Duplicate);
-//! # Ok(()) }
-//! ```
+#![doc = include_str!("../../../../docs/idempotency.md")]
 
 mod memory;
 

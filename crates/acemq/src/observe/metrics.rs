@@ -1,49 +1,6 @@
 //! The family's metrics, through the [`metrics`] facade.
 //!
-//! Names, tag keys and outcome values are the wire contract's (§9), character for
-//! character; Prometheus rewrites the dots to underscores (`acemq_consume_total`).
-//! Durations are recorded in **seconds** (`f64`).
-//!
-//! **The library never installs a recorder.** With none installed every call here is a
-//! no-op apart from building its key. An application installs one (for example with
-//! `metrics-exporter-prometheus`), or turns on the `actuator` feature and calls
-//! `ActuatorBuilder::install_prometheus_recorder`.
-//!
-//! # Two ways to record
-//!
-//! - The free functions ([`record_publish`], [`record_consume`], ...) build a key per call:
-//!   the label values are copied into `String`s and a label `Vec` is allocated, whether or
-//!   not a recorder is installed (the facade offers no cheap "is anyone listening" check).
-//!   Measured at about 400 ns per `record_consume` in a release build with no recorder
-//!   (`cargo test --release -p acemq --lib recording_without -- --nocapture`): fine for
-//!   rare events (set-aside failures, missing rungs), too much for every message.
-//! - The handle types ([`ConsumeMetrics`], [`PublishMetrics`]) are built once per consumer
-//!   or destination and register each series on first use; after that a record is one or
-//!   two atomic operations (nothing at all without a recorder) and never allocates. This is
-//!   what the hot path (the `memory://` transport runs over a million messages a second)
-//!   should use. A handle binds to the recorder in force when the series is first used, so
-//!   install the recorder before traffic starts.
-//!
-//! # Wiring (for publish and consume)
-//!
-//! ```
-//! use std::time::{Duration, Instant};
-//! use acemq::observe::metrics::{ConsumeMetrics, ConsumeOutcome, PublishMetrics, PublishOutcome};
-//!
-//! // Publisher: one handle per (exchange, routing key, message type) it publishes to.
-//! let publish = PublishMetrics::new("orders", "orders.placed", "OrderPlaced");
-//! let started = Instant::now();
-//! // ... publish and await the confirm ...
-//! publish.record(PublishOutcome::Confirmed, started.elapsed());
-//!
-//! // Consumer: one handle per subscription, built when the consumer starts.
-//! let consume = ConsumeMetrics::new("orders.placed", "OrderPlaced");
-//! consume.in_flight(1); // handed to the handler
-//! let started = Instant::now();
-//! // ... handler runs, settle decides ...
-//! consume.record(ConsumeOutcome::Retried, started.elapsed());
-//! consume.in_flight(-1);
-//! ```
+#![doc = include_str!("../../../../docs/metrics.md")]
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -338,10 +295,10 @@ pub fn record_set_aside_failed(queue: &str, target: &str) {
     .increment(1);
 }
 
-/// Counts a retry whose rung queue (`rung`: its name, e.g. `orders.retry.60000`) was missing.
+/// Counts a retry whose rung queue (`rung`: its name, e.g. `orders.retry.1m`) was missing.
 ///
 /// ```
-/// acemq::observe::metrics::record_rung_missing("orders", "orders.retry.60000");
+/// acemq::observe::metrics::record_rung_missing("orders", "orders.retry.1m");
 /// ```
 pub fn record_rung_missing(queue: &str, rung: &str) {
     counter(

@@ -1,7 +1,7 @@
 //! Observability: the family's metrics and trace context.
 //!
 //! - [`metrics`]: metric names, tag keys and closed outcome enums from the wire contract
-//!   (§9), recorded through the [`metrics`](https://docs.rs/metrics) facade. The library
+//!   (`docs/wire.md` §9), recorded through the [`metrics`](https://docs.rs/metrics) facade. The library
 //!   never installs a recorder.
 //! - [`trace`]: W3C `traceparent` / `tracestate` in message headers, a task-local current
 //!   context, and the `{destination} publish` / `{queue} process` spans as [`tracing`]

@@ -1,49 +1,6 @@
 //! W3C trace context in message headers, and the family's spans, without an OpenTelemetry SDK.
 //!
-//! A [`TraceContext`] travels in the `traceparent` / `tracestate` headers (no prefix, string
-//! values), exactly as the other AceMQ libraries write them, so a trace crosses from a Java
-//! publisher to a Rust consumer and back. Spans are [`tracing`] spans whose fields follow
-//! the family's attribute names and `tracing-opentelemetry`'s conventions (`otel.name`,
-//! `otel.kind`, `otel.status_code`), so an application that installs that layer exports
-//! `{destination} publish` (PRODUCER) and `{queue} process` (CONSUMER) spans; one that does
-//! not pays for a disabled span only (no id is formatted unless a subscriber records it).
-//!
-//! A task-local *current context* ([`scope`], [`current`]) makes a publish made inside a
-//! handler a child of the consumer's span. It is task-local: a task the handler spawns does
-//! not inherit it unless wrapped in [`scope`] again.
-//!
-//! # Wiring
-//!
-//! Publish side (before handing the message to the transport):
-//!
-//! ```
-//! use acemq::headers::Headers;
-//! use acemq::observe::metrics::PublishOutcome;
-//! use acemq::observe::trace::{self, TraceContext};
-//!
-//! let mut headers = Headers::new();
-//! let (ctx, parent) = TraceContext::for_publish(); // child of current(), or a new root
-//! ctx.inject(&mut headers);
-//! let span = trace::publish_span("orders", "orders.placed", "msg-1", "OrderPlaced", &ctx, parent.as_ref());
-//! // ... publish, await the confirm (inside `span` with `Instrument::instrument`) ...
-//! trace::record_publish_outcome(&span, PublishOutcome::Confirmed);
-//! ```
-//!
-//! Consume side (after decoding; a parked message has no span):
-//!
-//! ```
-//! # async fn demo(headers: acemq::headers::Headers) {
-//! use tracing::Instrument;
-//! use acemq::observe::metrics::ConsumeOutcome;
-//! use acemq::observe::trace::{self, TraceContext};
-//!
-//! let (ctx, parent) = TraceContext::for_process(&headers); // child of `traceparent`, or a root
-//! let span = trace::process_span("orders.placed", "msg-1", "OrderPlaced", 1, &ctx, parent.as_ref());
-//! let handler = async { /* the user's handler; its publishes become children of ctx */ };
-//! trace::scope(ctx, handler).instrument(span.clone()).await;
-//! trace::record_consume_outcome(&span, ConsumeOutcome::Acked);
-//! # }
-//! ```
+#![doc = include_str!("../../../../docs/trace.md")]
 
 use std::fmt;
 use std::future::Future;

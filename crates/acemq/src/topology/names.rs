@@ -1,5 +1,5 @@
 //! The names AceMQ derives from a queue name, and the declarations that go with them
-//! (wire contract §4). These tables are exact: a second declarer whose arguments differ by
+//! (`docs/wire.md` §4). These tables are exact: a second declarer whose arguments differ by
 //! one entry fails with `PRECONDITION_FAILED`, so every library in the family produces the
 //! same names and the same arguments.
 
@@ -73,7 +73,7 @@ pub fn retry_queue(queue: &str, delay: Duration) -> String {
 /// `500ms`. The Go, Python and Ruby libraries truncate to whole seconds and write `0s`;
 /// the two names are different queues. The case only arises when a policy lowers its
 /// broker-wait threshold below one second, which is recorded as a known disagreement in
-/// the contract fixtures (`naming.subSecondDisagreement`).
+/// the contract fixtures (`naming.subSecondDisagreement`) and in `docs/wire.md` §11.
 ///
 /// ```
 /// use std::time::Duration;

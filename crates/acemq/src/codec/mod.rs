@@ -1,0 +1,142 @@
+//! Codecs: how a payload becomes a body and back.
+//!
+//! This module owns content types and body encoding. JSON is the default
+//! (`application/json`; `text/json` and `application/*+json` are read as JSON too), text
+//! (`text/plain; charset=utf-8`) and raw bytes (`application/octet-stream`) are the others.
+//! Each [`Decoder`] says which delivered `content_type`s it [accepts](Decoder::accepts):
+//! a body whose content type names another format is refused with [`Error::Decode`] rather
+//! than misread, and the consumer parks it. With no content type, the bytes are tried as the
+//! decoder's own format. The accepted aliases are listed in `docs/wire.md` ("Content types").
+//!
+//! | codec | writes | accepts |
+//! |---|---|---|
+//! | [`Json`] | `application/json` | `application/json`, `text/json`, `application/*+json`, none |
+//! | [`Text`] | `text/plain; charset=utf-8` | `text/*`, none |
+//! | [`RawBytes`] | `application/octet-stream` | any content type, none |
+//!
+//! Parameters (`; charset=utf-8`) are ignored and the comparison is case-insensitive; an
+//! empty content type counts as none.
+
+use ::bytes::Bytes;
+
+use crate::error::Error;
+
+mod bytes;
+mod json;
+mod text;
+
+pub use self::bytes::RawBytes;
+pub use self::json::Json;
+pub use self::text::Text;
+
+/// `application/json`
+pub const JSON: &str = "application/json";
+/// `text/plain; charset=utf-8`
+pub const TEXT: &str = "text/plain; charset=utf-8";
+/// `application/octet-stream`
+pub const BYTES: &str = "application/octet-stream";
+
+/// Turns a payload into body bytes.
+///
+/// ```
+/// use acemq::codec::{Encoder, Json};
+/// let body = Json.encode(&vec![1, 2]).unwrap();
+/// assert_eq!(&body[..], b"[1,2]");
+/// assert_eq!(Encoder::<Vec<i32>>::content_type(&Json), "application/json");
+/// ```
+pub trait Encoder<T: ?Sized>: Send + Sync + 'static {
+    /// The content type written on the message.
+    fn content_type(&self) -> &str;
+    /// Encodes a payload.
+    fn encode(&self, value: &T) -> Result<Bytes, Error>;
+}
+
+/// Turns body bytes back into a payload.
+///
+/// ```
+/// use acemq::codec::{Decoder, Json};
+/// let v: Vec<i32> = Json.decode(Some("application/json"), b"[1,2]").unwrap();
+/// assert_eq!(v, vec![1, 2]);
+/// assert!(Decoder::<Vec<i32>>::decode(&Json, Some("text/plain"), b"[1]").is_err());
+/// assert!(!Decoder::<Vec<i32>>::accepts(&Json, Some("text/plain")));
+/// ```
+///
+/// A decoder of your own says which content types it reads by overriding
+/// [`accepts`](Decoder::accepts); the default accepts every one and leaves the check to
+/// [`decode`](Decoder::decode):
+///
+/// ```
+/// use acemq::codec::Decoder;
+/// use acemq::Error;
+///
+/// struct Csv;
+/// impl Decoder<Vec<String>> for Csv {
+///     fn accepts(&self, content_type: Option<&str>) -> bool {
+///         content_type.is_none_or(|ct| ct.is_empty() || ct.starts_with("text/csv"))
+///     }
+///     fn decode(&self, _: Option<&str>, body: &[u8]) -> Result<Vec<String>, Error> {
+///         let text = std::str::from_utf8(body).map_err(|e| Error::Decode { reason: e.to_string() })?;
+///         Ok(text.split(',').map(str::to_owned).collect())
+///     }
+/// }
+/// assert!(Csv.accepts(Some("text/csv; charset=utf-8")));
+/// assert!(!Csv.accepts(Some("application/json")));
+/// assert_eq!(Csv.decode(None, b"a,b").unwrap(), ["a", "b"]);
+/// ```
+pub trait Decoder<T>: Send + Sync + 'static {
+    /// Whether a body delivered with `content_type` is one this decoder reads (`None`: the
+    /// message carried no content type). A consumer parks a refused body without calling
+    /// [`decode`](Decoder::decode). The default accepts every content type.
+    fn accepts(&self, content_type: Option<&str>) -> bool {
+        let _ = content_type;
+        true
+    }
+    /// Decodes a body delivered with `content_type`.
+    fn decode(&self, content_type: Option<&str>, body: &[u8]) -> Result<T, Error>;
+}
+
+/// Whether a content type names JSON: `application/json`, `text/json`,
+/// `application/*+json` (parameters such as `; charset=utf-8` ignored, case-insensitive).
+///
+/// ```
+/// use acemq::codec::is_json;
+/// assert!(is_json("application/vnd.acme.order+json; charset=utf-8"));
+/// assert!(is_json("text/json"));
+/// assert!(!is_json("text/plain"));
+/// ```
+pub fn is_json(content_type: &str) -> bool {
+    let mime = essence(content_type);
+    mime == "application/json"
+        || mime == "text/json"
+        || (mime.starts_with("application/") && mime.ends_with("+json"))
+}
+
+/// Whether a content type names text: `text/*` (parameters ignored, case-insensitive).
+fn is_text(content_type: &str) -> bool {
+    essence(content_type).starts_with("text/")
+}
+
+/// The content type without its parameters, trimmed and lower-cased.
+fn essence(content_type: &str) -> String {
+    content_type
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase()
+}
+
+/// The content type a decoder should judge: `None` for an absent or empty one.
+fn given(content_type: Option<&str>) -> Option<&str> {
+    content_type.filter(|ct| !ct.is_empty())
+}
+
+/// The error for a body whose content type a decoder does not accept: `expected` says what
+/// it reads ("JSON", "text"), and the text tells the operator what to do.
+pub(crate) fn refused(content_type: &str, expected: &str) -> Error {
+    Error::Decode {
+        reason: format!(
+            "content type {content_type:?} is not {expected}; consume it with a codec for {content_type:?}"
+        ),
+    }
+}
