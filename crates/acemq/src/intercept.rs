@@ -130,15 +130,3 @@ impl Interceptors {
             .clone()
     }
 }
-
-impl crate::Connection {
-    /// Registers a publish interceptor for every publisher of this connection.
-    pub fn intercept_publish(&self, interceptor: impl PublishInterceptor) {
-        self.shared.interceptors.add_publish(Arc::new(interceptor));
-    }
-
-    /// Registers a consume interceptor for every consumer of this connection.
-    pub fn intercept_consume(&self, interceptor: impl ConsumeInterceptor) {
-        self.shared.interceptors.add_consume(Arc::new(interceptor));
-    }
-}

@@ -19,6 +19,7 @@ pub mod actuator;
 pub mod codec;
 pub mod connection;
 pub mod consume;
+mod engine;
 pub mod envelope;
 pub mod error;
 pub mod headers;

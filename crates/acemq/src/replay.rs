@@ -14,11 +14,10 @@ use std::sync::Arc;
 use bytes::Bytes;
 use time::OffsetDateTime;
 
-use crate::connection::{Connection, Shared};
+use crate::engine::Engine;
 use crate::envelope::{Envelope, application_headers};
 use crate::error::Error;
 use crate::headers::Headers;
-use crate::publish::publish_on_behalf;
 use crate::topology::{dead_letter_queue, parked_queue};
 use crate::transport::{Confirmation, Delivery, Outbound, Settlement, TransportError};
 
@@ -34,7 +33,7 @@ use crate::transport::{Confirmation, Delivery, Outbound, Settlement, TransportEr
 /// ```
 #[derive(Clone, Debug)]
 pub struct Replay {
-    shared: Arc<Shared>,
+    engine: Arc<Engine>,
     to: String,
     from: String,
     keep_attempts: bool,
@@ -60,19 +59,18 @@ pub struct DeadLetter<'a> {
     pub body: &'a Bytes,
 }
 
-impl Connection {
-    /// A replay of `{queue}.dlq` back into `queue`.
-    pub fn replay(&self, queue: &str) -> Replay {
+impl Replay {
+    /// A replay of `{queue}.dlq` back into `queue` (what [`crate::Connection::replay`]
+    /// hands out).
+    pub(crate) fn new(engine: Arc<Engine>, queue: &str) -> Replay {
         Replay {
-            shared: self.shared.clone(),
+            engine,
             to: queue.to_owned(),
             from: dead_letter_queue(queue),
             keep_attempts: false,
         }
     }
-}
 
-impl Replay {
     /// Replays `{queue}.parked` instead (after deploying the fix that reads them).
     pub fn parked(mut self) -> Self {
         self.from = parked_queue(&self.to);
@@ -98,7 +96,7 @@ impl Replay {
     /// How many messages wait to be replayed (moves nothing).
     pub async fn pending(&self) -> Result<u32, Error> {
         Ok(self
-            .shared
+            .engine
             .transport
             .inspect_queue(&self.from)
             .await?
@@ -124,14 +122,14 @@ impl Replay {
         F: FnMut(&DeadLetter<'_>) -> bool,
     {
         // Fail before touching anything when the destination does not exist.
-        self.shared.transport.inspect_queue(&self.to).await?;
+        self.engine.transport.inspect_queue(&self.to).await?;
         let budget = self.pending().await? as usize;
         let mut report = ReplayReport::default();
         let mut held: Vec<Delivery> = Vec::new();
         let mut result = Ok(());
         let mut seen = 0usize;
         while report.replayed < max && seen < budget {
-            let delivery = match self.shared.transport.get(&self.from).await {
+            let delivery = match self.engine.transport.get(&self.from).await {
                 Ok(Some(d)) => d,
                 Ok(None) => break,
                 Err(e) => {
@@ -171,7 +169,7 @@ impl Replay {
             envelope = envelope.with_attempt(1);
         }
         let mut properties = d.properties.clone();
-        envelope.write(&mut properties.headers, &self.shared.origin);
+        envelope.write(&mut properties.headers, &self.engine.origin);
         properties.message_id = Some(envelope.id().to_owned());
         let copy = Outbound {
             exchange: String::new(),
@@ -180,7 +178,7 @@ impl Replay {
             properties,
             body: d.body.clone(),
         };
-        match publish_on_behalf(&self.shared, copy).await? {
+        match self.engine.publish_on_behalf(copy).await? {
             Confirmation::Routed => {
                 d.acker.settle(Settlement::Ack { multiple: false }).await?;
                 Ok(())

@@ -19,7 +19,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
-use serde::de::DeserializeOwned;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -28,8 +27,8 @@ pub use handler::HandlerError;
 pub use message::Message;
 pub use stats::ConsumerStats;
 
-use crate::codec::{Decoder, Json};
-use crate::connection::Connection;
+use crate::codec::Decoder;
+use crate::engine::Engine;
 use crate::envelope::{Envelope, application_headers};
 use crate::error::Error;
 use crate::idempotency::{ClaimOutcome, IdempotencyStore};
@@ -37,7 +36,6 @@ use crate::intercept::{ConsumeContext, HandleResult};
 use crate::lifecycle::{ConsumerControl, Gate, Lifecycle};
 use crate::observe::trace::{self, TraceContext};
 use crate::retry::RetryPolicy;
-use crate::topology::Topology;
 use crate::transport::{ConsumeSpec, Delivery, Subscription};
 use settle::{AckRun, ConsumerMetrics, Observed, Outcome, Settler, decide};
 use stats::Stats;
@@ -194,154 +192,98 @@ struct Ctx<T, F> {
 
 impl<T, F> Ctx<T, F> {
     fn lifecycle(&self) -> &Lifecycle {
-        &self.settler.shared.lifecycle
+        &self.settler.engine.lifecycle
     }
 }
 
-impl Connection {
-    /// Consumes JSON messages of type `T` from `queue`.
-    ///
-    /// The handler returns `Ok(())` to ack; any error (`?`) is retried under the policy;
-    /// [`HandlerError::fatal`] sends the message to `{q}.dlq` at once. A body that does not
-    /// decode goes to `{q}.parked` without running the handler.
-    pub async fn consume<T, F, Fut>(
-        &self,
-        queue: &str,
-        options: ConsumerOptions,
-        handler: F,
-    ) -> Result<Consumer, Error>
-    where
-        T: DeserializeOwned + Send + 'static,
-        F: Fn(Message<T>) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
-    {
-        self.consume_with(queue, Json, options, handler).await
+/// Starts a consumer of `queue` on `engine` (what [`crate::Connection::consume_with`]
+/// does): refuses bad options and a closed connection, declares the consumer's topology,
+/// subscribes, and spawns the run loop.
+pub(crate) async fn start<T, D, F, Fut>(
+    engine: &Arc<Engine>,
+    queue: &str,
+    decoder: D,
+    options: ConsumerOptions,
+    handler: F,
+) -> Result<Consumer, Error>
+where
+    T: Send + 'static,
+    D: Decoder<T>,
+    F: Fn(Message<T>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
+{
+    if engine.lifecycle.is_closed() {
+        return Err(Error::Closed);
     }
-
-    /// Consumes with another codec ([`crate::codec::Text`], [`crate::codec::RawBytes`],
-    /// or your own [`Decoder`]).
-    pub async fn consume_with<T, D, F, Fut>(
-        &self,
-        queue: &str,
-        decoder: D,
-        options: ConsumerOptions,
-        handler: F,
-    ) -> Result<Consumer, Error>
-    where
-        T: Send + 'static,
-        D: Decoder<T>,
-        F: Fn(Message<T>) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
-    {
-        if self.shared.lifecycle.is_closed() {
-            return Err(Error::Closed);
-        }
-        if options.prefetch == 0 {
-            return Err(Error::InvalidArgument("prefetch must be at least 1".into()));
-        }
-        if options.concurrency == 0 {
-            return Err(Error::InvalidArgument(
-                "concurrency must be at least 1".into(),
-            ));
-        }
-        self.declare_for_consumer(queue, options.retry.as_ref())
-            .await?;
-        let subscription = self
-            .shared
-            .transport
-            .consume(ConsumeSpec {
-                queue: queue.to_owned(),
-                prefetch: options.prefetch,
-                consumer_tag: String::new(),
-                exclusive: false,
-            })
-            .await?;
-        let queue: Arc<str> = Arc::from(queue);
-        let stats = Arc::new(Stats::default());
-        let in_flight = Arc::new(AtomicUsize::new(0));
-        let stop = CancellationToken::new();
-        let closing = CancellationToken::new();
-        let ctx = Arc::new(Ctx {
-            settler: Settler {
-                shared: self.shared.clone(),
-                queue: queue.clone(),
-                stats: stats.clone(),
-                closing: closing.clone(),
-                metrics: ConsumerMetrics::new(queue.clone()),
-            },
-            decoder: Arc::new(decoder),
-            handler,
-            policy: options.retry,
-            no_policy_delay: options.retry_delay_without_policy,
-            idempotency: options.idempotency,
-            in_progress_delay: options.in_progress_delay,
-            in_flight: in_flight.clone(),
-        });
-        let (done_tx, done) = watch::channel(false);
-        let control = Arc::new(ConsumerControl {
-            queue: queue.clone(),
-            stop: stop.clone(),
-            closing,
-            done,
-            ended: std::sync::Mutex::new(None),
-        });
-        self.shared.lifecycle.register(control.clone());
-        let watched = control.clone();
-        tokio::spawn(async move {
-            let ended = run(
-                subscription,
-                ctx,
-                options.concurrency,
-                options.prefetch,
-                stop,
-            )
-            .await;
-            watched.ended(ended);
-            done_tx.send_replace(true);
-        });
-        Ok(Consumer {
-            queue,
-            stats,
-            in_flight,
-            control,
+    if options.prefetch == 0 {
+        return Err(Error::InvalidArgument("prefetch must be at least 1".into()));
+    }
+    if options.concurrency == 0 {
+        return Err(Error::InvalidArgument(
+            "concurrency must be at least 1".into(),
+        ));
+    }
+    engine
+        .declare_for_consumer(queue, options.retry.as_ref())
+        .await?;
+    let subscription = engine
+        .transport
+        .consume(ConsumeSpec {
+            queue: queue.to_owned(),
+            prefetch: options.prefetch,
+            consumer_tag: String::new(),
+            exclusive: false,
         })
-    }
-
-    /// Declares what a consumer of `queue` needs; refuses to start, naming the item, when
-    /// it cannot.
-    async fn declare_for_consumer(
-        &self,
-        queue: &str,
-        policy: Option<&RetryPolicy>,
-    ) -> Result<(), Error> {
-        let topology = Topology::for_consumer(queue, policy);
-        let t = &self.shared.transport;
-        let refuse = |item: String| {
-            let queue = queue.to_owned();
-            move |source| Error::ConsumerTopology {
-                queue,
-                item,
-                source,
-            }
-        };
-        for e in topology.exchanges() {
-            t.declare_exchange(e)
-                .await
-                .map_err(refuse(format!("exchange {}", e.name)))?;
-        }
-        for q in topology.queues() {
-            t.declare_queue(q)
-                .await
-                .map_err(refuse(format!("queue {}", q.name)))?;
-        }
-        for b in topology.bindings() {
-            t.bind_queue(b).await.map_err(refuse(format!(
-                "binding {} <- {} ({})",
-                b.queue, b.exchange, b.routing_key
-            )))?;
-        }
-        Ok(())
-    }
+        .await?;
+    let queue: Arc<str> = Arc::from(queue);
+    let stats = Arc::new(Stats::default());
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    let stop = CancellationToken::new();
+    let closing = CancellationToken::new();
+    let ctx = Arc::new(Ctx {
+        settler: Settler {
+            engine: engine.clone(),
+            queue: queue.clone(),
+            stats: stats.clone(),
+            closing: closing.clone(),
+            metrics: ConsumerMetrics::new(queue.clone()),
+        },
+        decoder: Arc::new(decoder),
+        handler,
+        policy: options.retry,
+        no_policy_delay: options.retry_delay_without_policy,
+        idempotency: options.idempotency,
+        in_progress_delay: options.in_progress_delay,
+        in_flight: in_flight.clone(),
+    });
+    let (done_tx, done) = watch::channel(false);
+    let control = Arc::new(ConsumerControl {
+        queue: queue.clone(),
+        stop: stop.clone(),
+        closing,
+        done,
+        ended: std::sync::Mutex::new(None),
+    });
+    engine.lifecycle.register(control.clone());
+    let watched = control.clone();
+    tokio::spawn(async move {
+        let ended = run(
+            subscription,
+            ctx,
+            options.concurrency,
+            options.prefetch,
+            stop,
+        )
+        .await;
+        watched.ended(ended);
+        done_tx.send_replace(true);
+    });
+    Ok(Consumer {
+        queue,
+        stats,
+        in_flight,
+        control,
+    })
 }
 
 async fn run<T, F, Fut>(
@@ -488,7 +430,7 @@ async fn handle<T, F, Fut>(
         Err(e) => Outcome::Undecodable(decode_reason(e)),
         Ok(payload) => {
             let headers = Arc::new(application_headers(&d.properties.headers));
-            let chain = ctx.settler.shared.interceptors.consume_chain();
+            let chain = ctx.settler.engine.interceptors.consume_chain();
             let cx = ConsumeContext {
                 queue: &ctx.settler.queue,
                 envelope: &envelope,

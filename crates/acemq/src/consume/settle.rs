@@ -17,12 +17,11 @@ use tokio_util::sync::CancellationToken;
 
 use super::handler::{HandlerError, Kind};
 use super::stats::{Counter, Stats};
-use crate::connection::Shared;
+use crate::engine::Engine;
 use crate::envelope::{self, Envelope};
 use crate::headers::HeaderValue;
 use crate::observe::metrics::{ConsumeMetrics, ConsumeOutcome};
 use crate::observe::trace;
-use crate::publish::publish_on_behalf;
 use crate::retry::{RetryPolicy, Wait};
 use crate::topology::{dead_letter_queue, parked_queue, render_delay, retry_queue};
 use crate::transport::{Confirmation, Delivery, Outbound, Settlement, TransportError};
@@ -226,7 +225,7 @@ pub(crate) struct Observed {
 /// Carries decisions out for one consumer.
 #[derive(Debug)]
 pub(crate) struct Settler {
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) engine: Arc<Engine>,
     pub(crate) queue: Arc<str>,
     pub(crate) stats: Arc<Stats>,
     /// Cancelled when the consumer closes: an in-consumer wait ends and the message is
@@ -350,7 +349,11 @@ impl Settler {
             .with_attempt(envelope.attempt().saturating_add(1));
         if wait.in_broker {
             let rung = retry_queue(&self.queue, wait.delay);
-            match publish_on_behalf(&self.shared, self.copy(d, &rung, next.clone())).await {
+            match self
+                .engine
+                .publish_on_behalf(self.copy(d, &rung, next.clone()))
+                .await
+            {
                 Ok(Confirmation::Routed) => return self.send(d, ACK, Counter::Retried).await,
                 Ok(Confirmation::Unroutable { .. }) => {
                     // The rung does not exist: count it and wait here instead.
@@ -381,7 +384,7 @@ impl Settler {
     /// Publishes the copy; acks the original only once the copy is confirmed and routed.
     async fn move_then_ack(&self, d: &Delivery, copy: Outbound, counter: Counter) -> Counter {
         let target = copy.routing_key.clone();
-        match publish_on_behalf(&self.shared, copy).await {
+        match self.engine.publish_on_behalf(copy).await {
             Ok(Confirmation::Routed) => self.send(d, ACK, counter).await,
             other => self.set_aside_failed(d, &target, other).await,
         }
@@ -422,7 +425,7 @@ impl Settler {
     /// the envelope fields rewritten from `envelope`.
     fn copy(&self, d: &Delivery, target: &str, envelope: Envelope) -> Outbound {
         let mut copy = self.copy_as_delivered(d, target);
-        envelope.write(&mut copy.properties.headers, &self.shared.origin);
+        envelope.write(&mut copy.properties.headers, &self.engine.origin);
         copy.properties.message_id = Some(envelope.id().to_owned());
         copy
     }
