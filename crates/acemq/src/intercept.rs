@@ -9,7 +9,7 @@
 
 use std::sync::{Arc, RwLock};
 
-use crate::consume::HandlerError;
+use crate::consume::handler::HandlerError;
 use crate::envelope::Envelope;
 use crate::error::Error;
 use crate::headers::Headers;

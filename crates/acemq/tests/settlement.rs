@@ -436,8 +436,7 @@ async fn fatal_goes_to_dlq_after_one_attempt_and_a_huge_reason_is_cut() {
         let reason = header_str(&dead, envelope::ERROR);
         assert!(reason.starts_with("the handler reported an unprocessable message: xxx"));
         assert!(
-            reason.len() <= acemq::consume::settle::MAX_REASON_BYTES
-                && reason.ends_with("[truncated]")
+            reason.len() <= acemq::consume::MAX_REASON_BYTES && reason.ends_with("[truncated]")
         );
         assert_eq!(seen.get("poison"), vec![1]);
         settled(&consumer, |s| s.rejected == 1).await;

@@ -1,8 +1,12 @@
-//! Outcome counters: the one place every settlement is recorded.
+//! Recording what settlement did: the consumer's outcome counters, the family's consume
+//! metrics (one series set per message type) and the processing span's outcome.
 
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
-use crate::observe::metrics::ConsumeOutcome;
+use crate::observe::metrics::{ConsumeMetrics, ConsumeOutcome};
 
 /// A consumer's outcome counts since it started.
 ///
@@ -98,5 +102,45 @@ impl Stats {
             duplicates: g(Counter::Duplicate),
             in_progress: g(Counter::InProgress),
         }
+    }
+}
+
+/// How one delivery is being observed: when its handling started, its processing span and
+/// its metric series (looked up once per delivery).
+#[derive(Debug)]
+pub(crate) struct Observed {
+    pub(crate) started: Instant,
+    pub(crate) span: tracing::Span,
+    pub(crate) series: Arc<ConsumeMetrics>,
+}
+
+/// The family's consume metrics of one consumer, one series set per message type.
+#[derive(Debug)]
+pub(crate) struct ConsumerMetrics {
+    queue: Arc<str>,
+    by_type: std::sync::Mutex<HashMap<String, Arc<ConsumeMetrics>>>,
+}
+
+impl ConsumerMetrics {
+    pub(crate) fn new(queue: Arc<str>) -> Self {
+        ConsumerMetrics {
+            queue,
+            by_type: std::sync::Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub(crate) fn for_type(&self, message_type: &str) -> Arc<ConsumeMetrics> {
+        let mut map = self.by_type.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(m) = map.get(message_type) {
+            return m.clone();
+        }
+        let m = Arc::new(ConsumeMetrics::new(&*self.queue, message_type));
+        map.insert(message_type.to_owned(), m.clone());
+        m
+    }
+
+    /// Series for events not tied to one message type (set-aside failures, missing rungs).
+    pub(crate) fn any(&self) -> Arc<ConsumeMetrics> {
+        self.for_type("")
     }
 }
