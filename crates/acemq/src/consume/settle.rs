@@ -120,10 +120,29 @@ impl Settler {
             }
             Decision::Retry(wait) => self.retry(&d, envelope, wait).await,
         };
+        self.record(
+            counter,
+            &seen.series,
+            seen.started.elapsed(),
+            Some(&seen.span),
+        );
+    }
+
+    /// Counts one settled delivery and, when its counter is a consume outcome, records it
+    /// in the delivery's metric series and processing span (the counter table says which).
+    fn record(
+        &self,
+        counter: Counter,
+        series: &ConsumeMetrics,
+        took: Duration,
+        span: Option<&tracing::Span>,
+    ) {
         self.stats.add(counter);
         if let Some(outcome) = counter.outcome() {
-            seen.series.record(outcome, seen.started.elapsed());
-            trace::record_consume_outcome(&seen.span, outcome);
+            series.record(outcome, took);
+            if let Some(span) = span {
+                trace::record_consume_outcome(span, outcome);
+            }
         }
     }
 
@@ -170,13 +189,14 @@ impl Settler {
                 false
             }
         };
+        let counter = if sent {
+            Counter::Acked
+        } else {
+            Counter::SettleFailed
+        };
+        // The span already carries `acked` (set when the delivery joined the run).
         for (series, took) in run.held.drain(..) {
-            if sent {
-                self.stats.add(Counter::Acked);
-                series.record(ConsumeOutcome::Acked, took);
-            } else {
-                self.stats.add(Counter::SettleFailed);
-            }
+            self.record(counter, &series, took, None);
         }
     }
 
