@@ -9,7 +9,8 @@
 //!   per connection), so memory stays flat under load;
 //! - **`publish_on_behalf`**, the one path every move the engine makes (retry hop, dead
 //!   letter, park, replay) goes through: mandatory, confirmed, never refused by a pause;
-//! - declaring a topology, and a consumer's share of one;
+//! - the copies those moves publish ([`copy_as_delivered`], [`Engine::copy_with`]);
+//! - declaring a topology, and a consumer's share of one (one loop for both);
 //! - the pause flag for publishing, the consumers' [`Lifecycle`], the interceptors and the
 //!   health registry, with the connection's health report built from them.
 //!
@@ -21,14 +22,14 @@ use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::envelope::origin_for;
+use crate::envelope::{Envelope, origin_for};
 use crate::error::Error;
 use crate::health::{Health, HealthContributor, HealthRegistry, HealthReport, connection_report};
 use crate::intercept::Interceptors;
 use crate::lifecycle::{ABANDON_AFTER, Lifecycle};
 use crate::retry::RetryPolicy;
 use crate::topology::Topology;
-use crate::transport::{Confirmation, Outbound, Transport, TransportError};
+use crate::transport::{Confirmation, Delivery, Outbound, Transport, TransportError};
 
 /// The health component listing this connection's consumers.
 pub const CONSUMERS: &str = "consumers";
@@ -120,21 +121,21 @@ impl Engine {
         self.transport.publish(outbound).await?.await
     }
 
+    /// A copy of `d` for `target` through the default exchange: everything as delivered,
+    /// then the envelope fields rewritten from `envelope` (this engine's origin stamped
+    /// when it has none) and `message_id` set to its id.
+    pub(crate) fn copy_with(&self, d: &Delivery, target: &str, envelope: &Envelope) -> Outbound {
+        let mut copy = copy_as_delivered(d, target);
+        envelope.write(&mut copy.properties.headers, &self.origin);
+        copy.properties.message_id = Some(envelope.id().to_owned());
+        copy
+    }
+
     // --- Topology -----------------------------------------------------------------------
 
     /// Declares every exchange, queue and binding of a topology, in that order.
     pub(crate) async fn declare(&self, topology: &Topology) -> Result<(), Error> {
-        let t = &self.transport;
-        for e in topology.exchanges() {
-            t.declare_exchange(e).await?;
-        }
-        for q in topology.queues() {
-            t.declare_queue(q).await?;
-        }
-        for b in topology.bindings() {
-            t.bind_queue(b).await?;
-        }
-        Ok(())
+        self.declare_items(topology, |_, e| e.into()).await
     }
 
     /// Declares what a consumer of `queue` needs (`acemq.dlx`, `{q}.dlq`, `{q}.parked`, the
@@ -146,30 +147,39 @@ impl Engine {
         policy: Option<&RetryPolicy>,
     ) -> Result<(), Error> {
         let topology = Topology::for_consumer(queue, policy);
+        self.declare_items(&topology, |item, source| Error::ConsumerTopology {
+            queue: queue.to_owned(),
+            item,
+            source,
+        })
+        .await
+    }
+
+    /// The one declare loop: exchanges, queues, bindings, in that order; the first failure
+    /// becomes `refused(item, error)`.
+    async fn declare_items(
+        &self,
+        topology: &Topology,
+        refused: impl Fn(String, TransportError) -> Error,
+    ) -> Result<(), Error> {
         let t = &self.transport;
-        let refuse = |item: String| {
-            let queue = queue.to_owned();
-            move |source| Error::ConsumerTopology {
-                queue,
-                item,
-                source,
-            }
-        };
         for e in topology.exchanges() {
             t.declare_exchange(e)
                 .await
-                .map_err(refuse(format!("exchange {}", e.name)))?;
+                .map_err(|s| refused(format!("exchange {}", e.name), s))?;
         }
         for q in topology.queues() {
             t.declare_queue(q)
                 .await
-                .map_err(refuse(format!("queue {}", q.name)))?;
+                .map_err(|s| refused(format!("queue {}", q.name), s))?;
         }
         for b in topology.bindings() {
-            t.bind_queue(b).await.map_err(refuse(format!(
-                "binding {} <- {} ({})",
-                b.queue, b.exchange, b.routing_key
-            )))?;
+            t.bind_queue(b).await.map_err(|s| {
+                refused(
+                    format!("binding {} <- {} ({})", b.queue, b.exchange, b.routing_key),
+                    s,
+                )
+            })?;
         }
         Ok(())
     }
@@ -232,5 +242,17 @@ impl Engine {
         }
         self.transport.close().await?;
         Ok(())
+    }
+}
+
+/// A copy of `d` for `target` through the default exchange, exactly as delivered (body,
+/// properties and every header), mandatory.
+pub(crate) fn copy_as_delivered(d: &Delivery, target: &str) -> Outbound {
+    Outbound {
+        exchange: String::new(),
+        routing_key: target.to_owned(),
+        mandatory: true,
+        properties: d.properties.clone(),
+        body: d.body.clone(),
     }
 }

@@ -13,6 +13,7 @@ use crate::consume::handler::HandlerError;
 use crate::envelope::Envelope;
 use crate::error::Error;
 use crate::headers::Headers;
+use crate::util::{read, write};
 
 /// What a publish interceptor sees.
 #[derive(Debug)]
@@ -103,30 +104,24 @@ impl std::fmt::Debug for Interceptors {
 
 impl Interceptors {
     pub(crate) fn add_publish(&self, i: Arc<dyn PublishInterceptor>) {
-        let mut slot = self.publish.write().unwrap_or_else(|e| e.into_inner());
+        let mut slot = write(&self.publish);
         let mut v: Vec<_> = slot.iter().cloned().collect();
         v.push(i);
         *slot = v.into();
     }
 
     pub(crate) fn add_consume(&self, i: Arc<dyn ConsumeInterceptor>) {
-        let mut slot = self.consume.write().unwrap_or_else(|e| e.into_inner());
+        let mut slot = write(&self.consume);
         let mut v: Vec<_> = slot.iter().cloned().collect();
         v.push(i);
         *slot = v.into();
     }
 
     pub(crate) fn publish_chain(&self) -> Arc<[Arc<dyn PublishInterceptor>]> {
-        self.publish
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        read(&self.publish).clone()
     }
 
     pub(crate) fn consume_chain(&self) -> Arc<[Arc<dyn ConsumeInterceptor>]> {
-        self.consume
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        read(&self.consume).clone()
     }
 }

@@ -33,6 +33,7 @@ pub mod replay;
 pub mod retry;
 pub mod topology;
 pub mod transport;
+mod util;
 
 pub use connection::Connection;
 

@@ -14,6 +14,8 @@ use std::time::Duration;
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
+use crate::util::lock;
+
 /// How long [`Connection::close`](crate::Connection::close) drains before closing (fits Kubernetes' default 30 s
 /// grace period; the family's figure).
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
@@ -38,11 +40,11 @@ pub(crate) struct ConsumerControl {
 
 impl ConsumerControl {
     pub(crate) fn ended(&self, reason: Option<String>) {
-        *self.ended.lock().unwrap_or_else(|e| e.into_inner()) = reason;
+        *lock(&self.ended) = reason;
     }
 
     fn stopped(&self) -> Option<String> {
-        self.ended.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        lock(&self.ended).clone()
     }
 }
 
@@ -81,7 +83,7 @@ pub(crate) enum Gate {
 
 impl Lifecycle {
     pub(crate) fn register(&self, control: Arc<ConsumerControl>) {
-        let mut consumers = self.consumers.lock().unwrap_or_else(|e| e.into_inner());
+        let mut consumers = lock(&self.consumers);
         // Finished consumers are forgotten, unless they stopped on their own: health keeps
         // reporting those until the process deals with them.
         consumers.retain(|c| !*c.done.borrow() || c.stopped().is_some());
@@ -165,10 +167,7 @@ impl Lifecycle {
     }
 
     fn controls(&self) -> Vec<Arc<ConsumerControl>> {
-        self.consumers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        lock(&self.consumers).clone()
     }
 
     /// Cancels every consumer, hands held deliveries back, cuts waits short, and waits up

@@ -19,7 +19,7 @@ use crate::envelope::{Envelope, application_headers};
 use crate::error::Error;
 use crate::headers::Headers;
 use crate::topology::{dead_letter_queue, parked_queue};
-use crate::transport::{Confirmation, Delivery, Outbound, Settlement, TransportError};
+use crate::transport::{Confirmation, Delivery, Settlement, TransportError};
 
 /// A replay of one queue's dead letters (or parked messages).
 ///
@@ -168,16 +168,7 @@ impl Replay {
         if !self.keep_attempts {
             envelope = envelope.with_attempt(1);
         }
-        let mut properties = d.properties.clone();
-        envelope.write(&mut properties.headers, &self.engine.origin);
-        properties.message_id = Some(envelope.id().to_owned());
-        let copy = Outbound {
-            exchange: String::new(),
-            routing_key: self.to.clone(),
-            mandatory: true,
-            properties,
-            body: d.body.clone(),
-        };
+        let copy = self.engine.copy_with(d, &self.to, &envelope);
         match self.engine.publish_on_behalf(copy).await? {
             Confirmation::Routed => {
                 d.acker.settle(Settlement::Ack { multiple: false }).await?;

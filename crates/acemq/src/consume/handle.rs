@@ -24,6 +24,7 @@ use crate::intercept::{ConsumeContext, HandleResult};
 use crate::lifecycle::{Gate, Lifecycle};
 use crate::observe::trace::{self, TraceContext};
 use crate::transport::Delivery;
+use crate::util::panic_text;
 
 /// Everything a consumer's tasks share.
 pub(super) struct Ctx<T, F> {
@@ -239,15 +240,7 @@ where
         Ok(Err(e)) => Outcome::Failed(e),
         Err(panic) => Outcome::Failed(HandlerError::retry(format!(
             "the handler panicked: {}",
-            panic_message(&*panic)
+            panic_text(&*panic)
         ))),
     }
-}
-
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic with a non-string payload".into())
 }

@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::decide::{DeadLetterKind, Decision};
 use super::stats::{ConsumerMetrics, Counter, Observed, Stats};
-use crate::engine::Engine;
+use crate::engine::{Engine, copy_as_delivered};
 use crate::envelope::{self, Envelope};
 use crate::headers::HeaderValue;
 use crate::observe::metrics::{ConsumeMetrics, ConsumeOutcome};
@@ -96,12 +96,12 @@ impl Settler {
                 if !self.wait(delay).await {
                     self.send(&d, REQUEUE, Counter::RequeuedOnClose).await
                 } else {
-                    let copy = self.copy(&d, &self.queue, envelope.clone());
+                    let copy = self.engine.copy_with(&d, &self.queue, envelope);
                     self.move_then_ack(&d, copy, Counter::InProgress).await
                 }
             }
             Decision::Park { reason } => {
-                let mut copy = self.copy_as_delivered(&d, &parked_queue(&self.queue));
+                let mut copy = copy_as_delivered(&d, &parked_queue(&self.queue));
                 copy.properties
                     .headers
                     .insert(envelope::ERROR.into(), HeaderValue::Str(reason));
@@ -110,7 +110,8 @@ impl Settler {
             }
             Decision::DeadLetter { reason, kind } => {
                 let target = dead_letter_queue(&self.queue);
-                let mut copy = self.copy(&d, &target, envelope.clone().with_error(Some(reason)));
+                let dead = envelope.clone().with_error(Some(reason));
+                let mut copy = self.engine.copy_with(&d, &target, &dead);
                 copy.properties.expiration = None;
                 let counter = match kind {
                     DeadLetterKind::Unprocessable => Counter::Rejected,
@@ -213,11 +214,8 @@ impl Settler {
             .with_attempt(envelope.attempt().saturating_add(1));
         if wait.in_broker {
             let rung = retry_queue(&self.queue, wait.delay);
-            match self
-                .engine
-                .publish_on_behalf(self.copy(d, &rung, next.clone()))
-                .await
-            {
+            let copy = self.engine.copy_with(d, &rung, &next);
+            match self.engine.publish_on_behalf(copy).await {
                 Ok(Confirmation::Routed) => return self.send(d, ACK, Counter::Retried).await,
                 Ok(Confirmation::Unroutable { .. }) => {
                     // The rung does not exist: count it and wait here instead.
@@ -231,8 +229,12 @@ impl Settler {
         if !self.wait(wait.delay).await {
             return self.send(d, REQUEUE, Counter::RequeuedOnClose).await;
         }
-        self.move_then_ack(d, self.copy(d, &self.queue, next), Counter::Retried)
-            .await
+        self.move_then_ack(
+            d,
+            self.engine.copy_with(d, &self.queue, &next),
+            Counter::Retried,
+        )
+        .await
     }
 
     /// Waits in the consumer, holding the delivery; `false` when the consumer is closing
@@ -282,25 +284,6 @@ impl Settler {
                 tracing::warn!(queue = %self.queue, error = %e, "settlement not sent; the broker will redeliver");
                 Counter::SettleFailed
             }
-        }
-    }
-
-    /// A copy for `target` through the default exchange: everything as delivered, then
-    /// the envelope fields rewritten from `envelope`.
-    fn copy(&self, d: &Delivery, target: &str, envelope: Envelope) -> Outbound {
-        let mut copy = self.copy_as_delivered(d, target);
-        envelope.write(&mut copy.properties.headers, &self.engine.origin);
-        copy.properties.message_id = Some(envelope.id().to_owned());
-        copy
-    }
-
-    fn copy_as_delivered(&self, d: &Delivery, target: &str) -> Outbound {
-        Outbound {
-            exchange: String::new(),
-            routing_key: target.to_owned(),
-            mandatory: true,
-            properties: d.properties.clone(),
-            body: d.body.clone(),
         }
     }
 }

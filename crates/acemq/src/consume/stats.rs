@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use crate::observe::metrics::{ConsumeMetrics, ConsumeOutcome};
+use crate::util::lock;
 
 /// Declares the counters: the public snapshot, the private counter enum, its outcome
 /// mapping, and the snapshot taken from the atomic array, all from one list of rows.
@@ -126,7 +127,7 @@ impl ConsumerMetrics {
     }
 
     pub(crate) fn for_type(&self, message_type: &str) -> Arc<ConsumeMetrics> {
-        let mut map = self.by_type.lock().unwrap_or_else(|e| e.into_inner());
+        let mut map = lock(&self.by_type);
         if let Some(m) = map.get(message_type) {
             return m.clone();
         }
