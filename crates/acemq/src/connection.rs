@@ -2,7 +2,7 @@
 //! [`Connection`] is written.
 //!
 //! A `Connection` is a thin, cheaply cloned handle over the connection's
-//! [engine](crate::engine) (`Arc<Engine>`); each method here is a few lines that delegate
+//! engine (`engine.rs`, held as `Arc<Engine>`); each method here is a few lines that delegate
 //! down to the engine, the [`publish`](crate::publish), [`consume`](crate::consume) or
 //! [`replay`](crate::replay) module. Nothing below this file imports it.
 //!
@@ -57,7 +57,7 @@ pub const CAPABILITIES: &[&str] = &[
 /// ```
 /// use acemq::connection::ConnectionOptions;
 /// let o = ConnectionOptions::default().client_name("orders-service");
-/// assert_eq!(o.get_client_name(), "orders-service");
+/// assert_eq!(o.client(), "orders-service");
 /// ```
 #[derive(Clone, Debug)]
 pub struct ConnectionOptions {
@@ -88,8 +88,19 @@ impl ConnectionOptions {
     }
 
     /// The configured client name.
-    pub fn get_client_name(&self) -> &str {
+    pub fn client(&self) -> &str {
         &self.client_name
+    }
+
+    /// The configured client name (the former name of [`ConnectionOptions::client`]).
+    #[deprecated(since = "0.1.1", note = "use `ConnectionOptions::client`")]
+    pub fn get_client_name(&self) -> &str {
+        self.client()
+    }
+
+    /// The configured window of publishes awaiting their confirm.
+    pub fn max_outstanding(&self) -> usize {
+        self.max_outstanding_confirms
     }
 }
 

@@ -87,7 +87,7 @@ async fn a_handler_failing_k_times_runs_k_plus_one_times_with_attempts_from_the_
         let consumer = mq
             .consume(
                 &q,
-                ConsumerOptions::default().with_retry(policy),
+                ConsumerOptions::default().retry(policy),
                 move |m: Message<serde_json::Value>| {
                     let s = s.clone();
                     async move {
@@ -135,7 +135,7 @@ async fn broker_waits_visit_the_rung_and_exhaustion_lands_in_dlq_with_the_reason
         let consumer = mq
             .consume(
                 &q,
-                ConsumerOptions::default().with_retry(policy),
+                ConsumerOptions::default().retry(policy),
                 move |m: Message<serde_json::Value>| {
                     let s = s.clone();
                     async move {
@@ -213,7 +213,7 @@ async fn a_consumer_restarted_during_a_broker_wait_keeps_the_wait_and_the_count(
         let first = mq
             .consume(
                 &q,
-                ConsumerOptions::default().with_retry(policy.clone()),
+                ConsumerOptions::default().retry(policy.clone()),
                 |_m: Message<serde_json::Value>| async { Err(HandlerError::retry("down")) },
             )
             .await
@@ -238,7 +238,7 @@ async fn a_consumer_restarted_during_a_broker_wait_keeps_the_wait_and_the_count(
         let second = mq
             .consume(
                 &q,
-                ConsumerOptions::default().with_retry(policy),
+                ConsumerOptions::default().retry(policy),
                 move |m: Message<serde_json::Value>| {
                     let tx = tx.clone();
                     async move {
@@ -270,7 +270,7 @@ async fn the_age_limit_dead_letters_on_the_first_failure() {
         let consumer = mq
             .consume(
                 &q,
-                ConsumerOptions::default().with_retry(policy),
+                ConsumerOptions::default().retry(policy),
                 |_m: Message<serde_json::Value>| async {
                     Err(HandlerError::retry("still failing"))
                 },
@@ -420,7 +420,7 @@ async fn fatal_goes_to_dlq_after_one_attempt_and_a_huge_reason_is_cut() {
         let consumer = mq
             .consume(
                 &q,
-                ConsumerOptions::default().with_retry(policy),
+                ConsumerOptions::default().retry(policy),
                 move |m: Message<serde_json::Value>| {
                     let s = s.clone();
                     async move {
@@ -458,7 +458,7 @@ async fn a_panicking_handler_is_retried_and_the_consumer_survives() {
         let consumer = mq
             .consume(
                 &q,
-                ConsumerOptions::default().with_retry(policy),
+                ConsumerOptions::default().retry(policy),
                 move |m: Message<serde_json::Value>| {
                     let s = s.clone();
                     async move {
@@ -497,7 +497,7 @@ async fn a_raw_message_is_retried_and_dead_lettered_like_any_other() {
         let consumer = mq
             .consume(
                 &q,
-                ConsumerOptions::default().with_retry(policy),
+                ConsumerOptions::default().retry(policy),
                 move |m: Message<serde_json::Value>| {
                     let s = s.clone();
                     async move {
@@ -541,7 +541,7 @@ async fn a_consumer_refuses_to_start_when_its_rung_exists_with_other_arguments()
         let err = mq
             .consume(
                 &q,
-                ConsumerOptions::default().with_retry(policy),
+                ConsumerOptions::default().retry(policy),
                 |_m: Message<serde_json::Value>| async { Ok(()) },
             )
             .await
@@ -590,7 +590,7 @@ async fn a_six_hour_ladder_runs_to_dlq_in_well_under_a_second_on_a_paused_clock(
     let consumer = mq
         .consume(
             q,
-            ConsumerOptions::default().with_retry(policy),
+            ConsumerOptions::default().retry(policy),
             move |m: Message<serde_json::Value>| {
                 let s = s.clone();
                 async move {

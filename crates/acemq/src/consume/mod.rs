@@ -109,7 +109,7 @@ where
         ));
     }
     engine
-        .declare_for_consumer(queue, options.get_retry())
+        .declare_for_consumer(queue, options.retry_policy())
         .await?;
     let subscription = engine
         .transport

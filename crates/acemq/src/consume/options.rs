@@ -22,8 +22,10 @@ pub const DEFAULT_PREFETCH: u16 = 50;
 /// let o = ConsumerOptions::default()
 ///     .prefetch(20)
 ///     .concurrency(4)
-///     .with_retry(RetryPolicy::exponential(5, Duration::from_secs(1), Duration::from_secs(60)).unwrap());
-/// assert_eq!(o.get_prefetch(), 20);
+///     .retry(RetryPolicy::exponential(5, Duration::from_secs(1), Duration::from_secs(60)).unwrap())
+///     .in_progress_delay(Duration::from_secs(2));
+/// assert_eq!(o.prefetch_window(), 20);
+/// assert_eq!(o.retry_policy().unwrap().max_attempts(), 5);
 /// ```
 #[derive(Clone)]
 pub struct ConsumerOptions {
@@ -76,9 +78,14 @@ impl ConsumerOptions {
         self
     }
     /// The retry policy. Without one, a failing message is retried every 5 s, forever.
-    pub fn with_retry(mut self, policy: RetryPolicy) -> Self {
+    pub fn retry(mut self, policy: RetryPolicy) -> Self {
         self.retry = Some(policy);
         self
+    }
+    /// The retry policy (the former name of [`ConsumerOptions::retry`]).
+    #[deprecated(since = "0.1.1", note = "use `ConsumerOptions::retry`")]
+    pub fn with_retry(self, policy: RetryPolicy) -> Self {
+        self.retry(policy)
     }
     /// The delay between attempts when there is no policy (default 5 s).
     pub fn retry_delay_without_policy(mut self, delay: Duration) -> Self {
@@ -87,7 +94,7 @@ impl ConsumerOptions {
     }
     /// Deduplicates by envelope id through `store`: the handler runs only after a claim;
     /// a confirmed id is acked without running it; an id another consumer is still
-    /// working on waits [`ConsumerOptions::with_in_progress_delay`] and is republished to
+    /// working on waits [`ConsumerOptions::in_progress_delay`] and is republished to
     /// the queue with its attempt unchanged. See [`crate::idempotency`].
     pub fn idempotent(mut self, store: impl IdempotencyStore) -> Self {
         self.idempotency = Some(Arc::new(store));
@@ -95,17 +102,32 @@ impl ConsumerOptions {
     }
     /// How long a delivery whose id is claimed elsewhere waits before it is republished
     /// (default 5 s; keep it well under the store's claim timeout).
-    pub fn with_in_progress_delay(mut self, delay: Duration) -> Self {
+    pub fn in_progress_delay(mut self, delay: Duration) -> Self {
         self.in_progress_delay = delay;
         self
     }
-    /// The configured prefetch.
-    pub fn get_prefetch(&self) -> u16 {
+    /// The former name of [`ConsumerOptions::in_progress_delay`].
+    #[deprecated(since = "0.1.1", note = "use `ConsumerOptions::in_progress_delay`")]
+    pub fn with_in_progress_delay(self, delay: Duration) -> Self {
+        self.in_progress_delay(delay)
+    }
+    /// The configured prefetch window.
+    pub fn prefetch_window(&self) -> u16 {
         self.prefetch
     }
     /// The configured policy.
-    pub fn get_retry(&self) -> Option<&RetryPolicy> {
+    pub fn retry_policy(&self) -> Option<&RetryPolicy> {
         self.retry.as_ref()
+    }
+    /// The configured prefetch (the former name of [`ConsumerOptions::prefetch_window`]).
+    #[deprecated(since = "0.1.1", note = "use `ConsumerOptions::prefetch_window`")]
+    pub fn get_prefetch(&self) -> u16 {
+        self.prefetch_window()
+    }
+    /// The configured policy (the former name of [`ConsumerOptions::retry_policy`]).
+    #[deprecated(since = "0.1.1", note = "use `ConsumerOptions::retry_policy`")]
+    pub fn get_retry(&self) -> Option<&RetryPolicy> {
+        self.retry_policy()
     }
 
     /// The settlement rules these options give.
