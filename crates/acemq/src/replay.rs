@@ -19,7 +19,7 @@ use crate::envelope::{Envelope, application_headers};
 use crate::error::Error;
 use crate::headers::Headers;
 use crate::topology::{dead_letter_queue, parked_queue};
-use crate::transport::{Confirmation, Delivery, Settlement, TransportError};
+use crate::transport::{Confirmation, Delivery, Settlement};
 
 /// A replay of one queue's dead letters (or parked messages).
 ///
@@ -117,6 +117,10 @@ impl Replay {
 
     /// Replays at most `max` messages the filter accepts. Declined ones are held until the
     /// pass ends, then returned to the dead-letter queue together.
+    ///
+    /// A pass stops at the first copy that does not land, leaving that message where it was:
+    /// [`Error::Unroutable`] when the destination routed it nowhere (e.g. the queue was deleted
+    /// mid-pass), [`Error::Nacked`] when the broker refused it, a transport error otherwise.
     pub async fn replay_matching<F>(&self, max: usize, mut filter: F) -> Result<ReplayReport, Error>
     where
         F: FnMut(&DeadLetter<'_>) -> bool,
@@ -174,12 +178,17 @@ impl Replay {
                 d.acker.settle(Settlement::Ack { multiple: false }).await?;
                 Ok(())
             }
-            other => Err(Error::Transport(TransportError::NotFound {
-                detail: format!(
-                    "replay copy to {:?} was not routed ({other:?}); the message stays in {:?}",
-                    self.to, self.from
-                ),
-            })),
+            // The copy did not land: the dead letter is handed back (it stays where it was)
+            // and the caller learns what the broker said.
+            Confirmation::Unroutable { reply_text, .. } => Err(Error::Unroutable {
+                exchange: String::new(),
+                routing_key: self.to.clone(),
+                message_id: envelope.id().to_owned(),
+                reply_text,
+            }),
+            Confirmation::Nacked => Err(Error::Nacked {
+                message_id: envelope.id().to_owned(),
+            }),
         }
     }
 }
@@ -188,3 +197,57 @@ const REQUEUE: Settlement = Settlement::Nack {
     multiple: false,
     requeue: true,
 };
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::Replay;
+    use crate::engine::Engine;
+    use crate::error::Error;
+    use crate::topology::QueueDecl;
+    use crate::transport::memory::MemoryTransport;
+    use crate::transport::{Confirmation, Outbound, Properties, Transport};
+
+    /// A destination deleted under a running pass: the copy routes nowhere, which is
+    /// reported as unroutable (not "not found"), and the dead letter stays where it was.
+    /// (A replay needs only an engine, not a whole connection.)
+    #[tokio::test]
+    async fn a_copy_that_routes_nowhere_is_reported_as_unroutable() {
+        let t: Arc<dyn Transport> = Arc::new(MemoryTransport::connect("replay-unroutable-unit"));
+        let engine = Engine::new(t.clone(), "test", 8);
+        t.declare_queue(&QueueDecl::classic("orders"))
+            .await
+            .unwrap();
+        t.declare_queue(&QueueDecl::classic("orders.dlq"))
+            .await
+            .unwrap();
+        let dead = Outbound {
+            exchange: String::new(),
+            routing_key: "orders.dlq".into(),
+            mandatory: true,
+            properties: Properties::default(),
+            body: bytes::Bytes::from_static(b"lost?"),
+        };
+        assert_eq!(
+            engine.publish_on_behalf(dead).await.unwrap(),
+            Confirmation::Routed
+        );
+        let replay = Replay::new(engine, "orders");
+        let deleter = t.clone();
+        let err = replay
+            .replay_matching(1, move |_| {
+                // The destination goes away after the pass checked it.
+                futures::executor::block_on(deleter.delete_queue("orders")).unwrap();
+                true
+            })
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, Error::Unroutable { routing_key, .. } if routing_key == "orders"),
+            "{err:?}"
+        );
+        assert_eq!(replay.pending().await.unwrap(), 1, "the dead letter stays");
+        t.close().await.unwrap();
+    }
+}
