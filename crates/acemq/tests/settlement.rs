@@ -626,3 +626,85 @@ async fn a_six_hour_ladder_runs_to_dlq_in_well_under_a_second_on_a_paused_clock(
     );
     consumer.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rung_deleted_under_a_running_consumer_is_counted_waited_in_the_consumer_and_nothing_lands_in_dlq()
+ {
+    on_each_target(|target: Target| async move {
+        let (mq, q) = connect_with_classic_queue(&target, "rung-gone").await;
+        let second = Duration::from_secs(1);
+        let policy = RetryPolicy::fixed(3, second)
+            .unwrap()
+            .wait_in_broker_from(second);
+        let seen = Seen::default();
+        let s = seen.clone();
+        let consumer = mq
+            .consume(
+                &q,
+                ConsumerOptions::default().retry(policy),
+                move |m: Message<serde_json::Value>| {
+                    let s = s.clone();
+                    async move {
+                        if s.record(&m) == 1 {
+                            return Err(HandlerError::retry("first try fails"));
+                        }
+                        Ok(())
+                    }
+                },
+            )
+            .await
+            .unwrap();
+        // The consumer declared its rung; someone deletes it while the consumer runs.
+        let t = mq.transport();
+        let rung = acemq::topology::retry_queue(&q, second);
+        t.inspect_queue(&rung)
+            .await
+            .expect("the consumer declared its rung");
+        t.delete_queue(&rung).await.unwrap();
+        let started = std::time::Instant::now();
+        send_json(&mq, &q, "m-rung-gone").await;
+        // The hop to the missing rung is counted, and the delivery is held in the consumer
+        // for the wait (in flight, not in any queue).
+        settled(&consumer, |s| s.rung_missing == 1).await;
+        assert_eq!(consumer.in_flight(), 1, "the wait is spent in the consumer");
+        settled(&consumer, |s| s.acked == 1).await;
+        assert!(
+            started.elapsed() >= Duration::from_millis(900),
+            "the 1 s wait was served in the consumer, took {:?}",
+            started.elapsed()
+        );
+        assert_eq!(
+            seen.get("m-rung-gone"),
+            vec![1, 2],
+            "retried once, attempt advanced"
+        );
+        let s = consumer.stats();
+        assert_eq!(
+            (
+                s.rung_missing,
+                s.retried,
+                s.acked,
+                s.dead_lettered,
+                s.set_aside_failed
+            ),
+            (1, 1, 1, 0, 0),
+            "{s:?}"
+        );
+        assert_eq!(
+            t.inspect_queue(&format!("{q}.dlq"))
+                .await
+                .unwrap()
+                .message_count,
+            0,
+            "nothing lands in .dlq"
+        );
+        assert!(
+            t.inspect_queue(&rung).await.is_err(),
+            "the rung stays deleted"
+        );
+        assert_eq!(t.inspect_queue(&q).await.unwrap().message_count, 0);
+        consumer.close().await;
+        teardown(&mq, &q, &[second]).await;
+    })
+    .await;
+}
