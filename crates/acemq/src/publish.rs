@@ -4,7 +4,7 @@
 //! publish: the envelope is built and written, the body encoded, the reserved header prefix
 //! refused, and the broker's answer turned into a [`PublishResult`] or an [`Error`]
 //! (unroutable, nacked, refused). A bounded window of outstanding confirms per connection
-//! (default 1000, held by the [engine](crate::engine)) keeps memory flat under load. The
+//! (default 1000, held by the engine) keeps memory flat under load. The
 //! moves the engine makes on a caller's behalf (retry hop, dead letter, park, replay) do
 //! not come through here: they go through the engine's `publish_on_behalf`.
 
