@@ -714,7 +714,7 @@ pub async fn acemq_retry(mq: &acemq::Connection, queue: &str, n: u64) -> Result<
             queue,
             ConsumerOptions::default()
                 .prefetch(PREFETCH)
-                .with_retry(policy),
+                .retry(policy),
             move |m: Message<Payload>| {
                 let c = c.clone();
                 async move {

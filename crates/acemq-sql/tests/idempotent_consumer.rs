@@ -103,7 +103,7 @@ async fn two_consumers_on_two_connections_run_each_id_once() {
                 let options = ConsumerOptions::default()
                     .concurrency(4)
                     .idempotent(store(&pool, &t, owner, Duration::from_secs(60)).await)
-                    .with_in_progress_delay(Duration::from_millis(20));
+                    .in_progress_delay(Duration::from_millis(20));
                 consumers.push(
                     mq.consume(&q, options, counting(runs.clone()))
                         .await
@@ -181,7 +181,7 @@ async fn claimed_and_confirmed_rows_decide_what_the_consumer_does() {
             let runs: Runs = Arc::default();
             let options = ConsumerOptions::default()
                 .idempotent(store(&pool, &t, "consumer", Duration::from_secs(60)).await)
-                .with_in_progress_delay(Duration::from_millis(100));
+                .in_progress_delay(Duration::from_millis(100));
             let consumer = mq
                 .consume(&q, options, counting(runs.clone()))
                 .await
@@ -279,7 +279,7 @@ async fn an_unreachable_store_is_a_retry_never_a_silent_accept() {
             .consume(
                 &q,
                 ConsumerOptions::default()
-                    .with_retry(policy)
+                    .retry(policy)
                     .idempotent(broken),
                 counting(runs.clone()),
             )
@@ -338,7 +338,7 @@ async fn the_outbox_feeds_an_idempotent_consumer_that_absorbs_a_relay_republish(
             let options = ConsumerOptions::default()
                 .concurrency(4)
                 .idempotent(store(&pool, &idem_table, "c", Duration::from_secs(60)).await)
-                .with_in_progress_delay(Duration::from_millis(20));
+                .in_progress_delay(Duration::from_millis(20));
             let consumer = mq
                 .consume(&q, options, counting(runs.clone()))
                 .await

@@ -44,7 +44,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let consumer = mq
         .consume(
             "quickstart.orders.placed",
-            ConsumerOptions::default().with_retry(policy),
+            ConsumerOptions::default().retry(policy),
             move |m: Message<OrderPlaced>| {
                 let done = done_tx.clone();
                 async move {

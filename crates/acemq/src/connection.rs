@@ -1,26 +1,37 @@
-//! The AceMQ connection: the entry point that owns a transport and hands out publishers,
-//! consumers and replays.
+//! The AceMQ connection: the entry point, and the one place every public method of
+//! [`Connection`] is written.
+//!
+//! A `Connection` is a thin, cheaply cloned handle over the connection's
+//! engine (`engine.rs`, held as `Arc<Engine>`); each method here is a few lines that delegate
+//! down to the engine, the [`publish`](crate::publish), [`consume`](crate::consume) or
+//! [`replay`](crate::replay) module. Nothing below this file imports it.
 //!
 //! `Connection::connect(url)` picks the transport by scheme: `amqp://` and `amqps://` reach
 //! RabbitMQ, `memory://name` an in-process broker (each name its own).
 
+use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
-use tokio::sync::Semaphore;
+use serde::de::DeserializeOwned;
+use tokio_util::sync::CancellationToken;
 
-use crate::envelope::{DEFAULT_CLIENT_NAME, origin_for};
+use crate::codec::{Decoder, Encoder, Json};
+use crate::consume::{Consumer, ConsumerOptions, HandlerError, Message};
+use crate::engine::Engine;
+use crate::envelope::DEFAULT_CLIENT_NAME;
 use crate::error::Error;
-use crate::health::{Health, HealthContributor, HealthRegistry, HealthReport, connection_report};
-
-/// The health component listing this connection's consumers.
-pub const CONSUMERS: &str = "consumers";
-use crate::intercept::Interceptors;
-use crate::lifecycle::Lifecycle;
+use crate::health::{Health, HealthContributor};
+use crate::intercept::{ConsumeInterceptor, PublishInterceptor};
+use crate::lifecycle::DEFAULT_DRAIN_TIMEOUT;
+use crate::publish::{PublishResult, Publisher};
+use crate::replay::Replay;
 use crate::topology::Topology;
 use crate::transport::amqp::AmqpTransport;
 use crate::transport::memory::MemoryTransport;
-use crate::transport::{Transport, TransportStatus};
+use crate::transport::{Outbound, Transport, TransportStatus};
+
+pub use crate::engine::CONSUMERS;
 
 /// The default window of publishes awaiting their confirm, per connection.
 pub const DEFAULT_MAX_OUTSTANDING_CONFIRMS: usize = 1000;
@@ -46,7 +57,7 @@ pub const CAPABILITIES: &[&str] = &[
 /// ```
 /// use acemq::connection::ConnectionOptions;
 /// let o = ConnectionOptions::default().client_name("orders-service");
-/// assert_eq!(o.get_client_name(), "orders-service");
+/// assert_eq!(o.client(), "orders-service");
 /// ```
 #[derive(Clone, Debug)]
 pub struct ConnectionOptions {
@@ -77,8 +88,19 @@ impl ConnectionOptions {
     }
 
     /// The configured client name.
-    pub fn get_client_name(&self) -> &str {
+    pub fn client(&self) -> &str {
         &self.client_name
+    }
+
+    /// The configured client name (the former name of [`ConnectionOptions::client`]).
+    #[deprecated(since = "0.1.1", note = "use `ConnectionOptions::client`")]
+    pub fn get_client_name(&self) -> &str {
+        self.client()
+    }
+
+    /// The configured window of publishes awaiting their confirm.
+    pub fn max_outstanding(&self) -> usize {
+        self.max_outstanding_confirms
     }
 }
 
@@ -93,27 +115,7 @@ impl ConnectionOptions {
 /// ```
 #[derive(Clone, Debug)]
 pub struct Connection {
-    pub(crate) shared: Arc<Shared>,
-}
-
-/// State shared by everything a connection hands out.
-pub(crate) struct Shared {
-    pub(crate) transport: Arc<dyn Transport>,
-    pub(crate) origin: String,
-    pub(crate) window: Arc<Semaphore>,
-    pub(crate) publishing_paused: AtomicBool,
-    pub(crate) lifecycle: Lifecycle,
-    pub(crate) interceptors: Interceptors,
-    pub(crate) health: HealthRegistry,
-}
-
-impl std::fmt::Debug for Shared {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Shared")
-            .field("transport", &self.transport.kind())
-            .field("origin", &self.origin)
-            .finish_non_exhaustive()
-    }
+    engine: Arc<Engine>,
 }
 
 impl Connection {
@@ -145,36 +147,32 @@ impl Connection {
     /// Wraps an already open transport.
     pub fn with_transport(transport: Arc<dyn Transport>, options: ConnectionOptions) -> Connection {
         Connection {
-            shared: Arc::new(Shared {
+            engine: Engine::new(
                 transport,
-                origin: origin_for(&options.client_name),
-                window: Arc::new(Semaphore::new(options.max_outstanding_confirms)),
-                publishing_paused: AtomicBool::new(false),
-                lifecycle: Lifecycle::default(),
-                interceptors: Interceptors::default(),
-                health: HealthRegistry::new(),
-            }),
+                &options.client_name,
+                options.max_outstanding_confirms,
+            ),
         }
     }
 
     /// The transport underneath (for inspection and tests).
     pub fn transport(&self) -> &Arc<dyn Transport> {
-        &self.shared.transport
+        &self.engine.transport
     }
 
     /// `"amqp"` or `"memory"`.
     pub fn transport_kind(&self) -> &'static str {
-        self.shared.transport.kind()
+        self.engine.transport.kind()
     }
 
     /// `{client}@{hostname}`, stamped on every publish that has no origin.
     pub fn origin(&self) -> &str {
-        &self.shared.origin
+        &self.engine.origin
     }
 
     /// Connected / blocked, answered locally.
     pub fn status(&self) -> TransportStatus {
-        self.shared.transport.status()
+        self.engine.transport.status()
     }
 
     /// The health of this connection and of every registered contributor, from local
@@ -192,37 +190,13 @@ impl Connection {
     /// # Ok(()) }
     /// ```
     pub fn health(&self) -> Health {
-        let lifecycle = &self.shared.lifecycle;
-        let mut extra = vec![
-            ("transport", self.transport_kind().to_owned()),
-            ("inFlight", lifecycle.in_flight().to_string()),
-            ("held", lifecycle.held().to_string()),
-        ];
-        if lifecycle.consuming_paused() {
-            extra.push(("consuming", "paused".into()));
-        }
-        if self.shared.publishing_paused.load(Ordering::SeqCst) {
-            extra.push(("publishing", "paused".into()));
-        }
-        let stopped = lifecycle.stopped_consumers();
-        let mut consumers = if stopped.is_empty() {
-            HealthReport::up(CONSUMERS)
-        } else {
-            HealthReport::degraded(CONSUMERS)
-        };
-        consumers = consumers.with_detail("running", lifecycle.running_consumers().to_string());
-        for (queue, reason) in stopped {
-            consumers = consumers.with_detail(format!("stopped.{queue}"), reason);
-        }
-        self.shared
-            .health
-            .evaluate_with([connection_report(&self.status(), &extra), consumers])
+        self.engine.health()
     }
 
     /// Adds a component to [`Connection::health`]. A contributor that errors or panics
     /// reports Down under its own name; it never takes the rest of the report with it.
     pub fn register_health(&self, contributor: impl HealthContributor + 'static) {
-        self.shared.health.register(Arc::new(contributor));
+        self.engine.register_health(Arc::new(contributor));
     }
 
     /// Serves `/acemq-health`, `/acemq-metrics` and `/acemq-info` for this connection on
@@ -252,27 +226,196 @@ impl Connection {
 
     /// Declares every exchange, queue and binding of a topology, in that order.
     pub async fn declare(&self, topology: &Topology) -> Result<(), Error> {
-        let t = &self.shared.transport;
-        for e in topology.exchanges() {
-            t.declare_exchange(e).await?;
-        }
-        for q in topology.queues() {
-            t.declare_queue(q).await?;
-        }
-        for b in topology.bindings() {
-            t.bind_queue(b).await?;
-        }
-        Ok(())
+        self.engine.declare(topology).await
+    }
+
+    // --- Publishing -------------------------------------------------------------------
+
+    /// A JSON publisher to `exchange` with `routing_key` (`""` is the default exchange,
+    /// where the routing key names the queue).
+    pub fn publisher<T>(
+        &self,
+        exchange: impl Into<String>,
+        routing_key: impl Into<String>,
+    ) -> Publisher<T>
+    where
+        T: serde::Serialize + ?Sized + 'static,
+    {
+        self.publisher_with(exchange, routing_key, Json)
+    }
+
+    /// A publisher with another codec ([`crate::codec::Text`], [`crate::codec::RawBytes`]
+    /// or your own [`Encoder`]).
+    pub fn publisher_with<T, E>(
+        &self,
+        exchange: impl Into<String>,
+        routing_key: impl Into<String>,
+        encoder: E,
+    ) -> Publisher<T>
+    where
+        T: ?Sized + 'static,
+        E: Encoder<T>,
+    {
+        Publisher::new(
+            self.engine.clone(),
+            exchange.into(),
+            routing_key.into(),
+            encoder,
+        )
+    }
+
+    /// Publishes an already built message (body and properties verbatim), mandatory and
+    /// confirmed, and waits for the confirm. Not refused by
+    /// [`Connection::pause_publishing`]: this is the path for publishing on someone's
+    /// behalf, e.g. an outbox relay.
+    pub async fn publish_prepared(&self, outbound: Outbound) -> Result<PublishResult, Error> {
+        crate::publish::publish_prepared(&self.engine, outbound).await
     }
 
     /// Further publishes fail with [`Error::PublishingPaused`]; nothing is sent.
     pub fn pause_publishing(&self) {
-        self.shared.publishing_paused.store(true, Ordering::SeqCst);
+        self.engine.set_publishing_paused(true);
     }
 
     /// Publishing works again.
     pub fn resume_publishing(&self) {
-        self.shared.publishing_paused.store(false, Ordering::SeqCst);
+        self.engine.set_publishing_paused(false);
+    }
+
+    /// Registers a publish interceptor for every publisher of this connection.
+    pub fn intercept_publish(&self, interceptor: impl PublishInterceptor) {
+        self.engine.interceptors.add_publish(Arc::new(interceptor));
+    }
+
+    // --- Consuming --------------------------------------------------------------------
+
+    /// Consumes JSON messages of type `T` from `queue`.
+    ///
+    /// The handler returns `Ok(())` to ack; any error (`?`) is retried under the policy;
+    /// [`HandlerError::fatal`] sends the message to `{q}.dlq` at once. A body that does not
+    /// decode goes to `{q}.parked` without running the handler.
+    pub async fn consume<T, F, Fut>(
+        &self,
+        queue: &str,
+        options: ConsumerOptions,
+        handler: F,
+    ) -> Result<Consumer, Error>
+    where
+        T: DeserializeOwned + Send + 'static,
+        F: Fn(Message<T>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
+    {
+        self.consume_with(queue, Json, options, handler).await
+    }
+
+    /// Consumes with another codec ([`crate::codec::Text`], [`crate::codec::RawBytes`],
+    /// or your own [`Decoder`]).
+    pub async fn consume_with<T, D, F, Fut>(
+        &self,
+        queue: &str,
+        decoder: D,
+        options: ConsumerOptions,
+        handler: F,
+    ) -> Result<Consumer, Error>
+    where
+        T: Send + 'static,
+        D: Decoder<T>,
+        F: Fn(Message<T>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
+    {
+        crate::consume::start(&self.engine, queue, decoder, options, handler).await
+    }
+
+    /// Registers a consume interceptor for every consumer of this connection.
+    pub fn intercept_consume(&self, interceptor: impl ConsumeInterceptor) {
+        self.engine.interceptors.add_consume(Arc::new(interceptor));
+    }
+
+    /// A replay of `{queue}.dlq` back into `queue`.
+    pub fn replay(&self, queue: &str) -> Replay {
+        Replay::new(self.engine.clone(), queue)
+    }
+
+    // --- Pausing, draining, closing -----------------------------------------------------
+
+    /// Stops handing deliveries to handlers. Nothing is lost: a delivery that arrives
+    /// meanwhile waits at the gate unacked (see [`Connection::held`]).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), acemq::Error> {
+    /// let mq = acemq::Connection::connect("memory://doc-pause").await?;
+    /// mq.pause_consuming();
+    /// assert!(mq.is_consuming_paused());
+    /// mq.resume_consuming();
+    /// # Ok(()) }
+    /// ```
+    pub fn pause_consuming(&self) {
+        self.engine.lifecycle.set_paused(true);
+    }
+
+    /// Hands deliveries to handlers again (held ones first).
+    pub fn resume_consuming(&self) {
+        self.engine.lifecycle.set_paused(false);
+    }
+
+    /// Whether consuming is paused.
+    pub fn is_consuming_paused(&self) -> bool {
+        self.engine.lifecycle.consuming_paused()
+    }
+
+    /// Handlers running right now, across every consumer of this connection.
+    pub fn in_flight(&self) -> usize {
+        self.engine.lifecycle.in_flight()
+    }
+
+    /// Deliveries fetched and waiting at the pause gate, never handled. They are unacked:
+    /// the broker redelivers them if the process goes away.
+    pub fn held(&self) -> usize {
+        self.engine.lifecycle.held()
+    }
+
+    /// Pauses consuming and waits for running handlers. `true` when every handler
+    /// finished, `false` when `timeout` passed first (never an error). Consuming stays
+    /// paused. A `true` does not mean every delivery was handled: read [`Connection::held`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), acemq::Error> {
+    /// let mq = acemq::Connection::connect("memory://doc-drain").await?;
+    /// assert!(mq.drain_consumers(std::time::Duration::from_secs(1)).await);
+    /// # Ok(()) }
+    /// ```
+    pub async fn drain_consumers(&self, timeout: Duration) -> bool {
+        self.engine.drain_consumers(timeout).await
+    }
+
+    /// Like [`Connection::drain_consumers`], abandoning the wait when `cancel` fires:
+    /// that is [`Error::Cancelled`], distinct from the timeout's `Ok(false)`. Handlers are
+    /// not interrupted and consuming stays paused.
+    pub async fn drain_consumers_until(
+        &self,
+        timeout: Duration,
+        cancel: &CancellationToken,
+    ) -> Result<bool, Error> {
+        tokio::select! {
+            biased;
+            _ = cancel.cancelled() => Err(Error::Cancelled),
+            finished = self.drain_consumers(timeout) => Ok(finished),
+        }
+    }
+
+    /// Drains for up to [`DEFAULT_DRAIN_TIMEOUT`], then closes ([`Connection::close_now`]).
+    pub async fn close(&self) -> Result<(), Error> {
+        self.drain_consumers(DEFAULT_DRAIN_TIMEOUT).await;
+        self.close_now().await
+    }
+
+    /// Closes without draining: consumers are cancelled first, held deliveries handed back
+    /// at once, handler tokens cancelled (a retry or in-progress wait ends and its message
+    /// is requeued, attempt unchanged), running handlers get up to
+    /// [`ABANDON_AFTER`](crate::lifecycle::ABANDON_AFTER), then
+    /// the connection closes anyway. An abandoned handler's late ack is dropped.
+    pub async fn close_now(&self) -> Result<(), Error> {
+        self.engine.close_now().await
     }
 }
 

@@ -43,7 +43,7 @@
 //! assert!(health.is_up());
 //! ```
 //!
-//! and `Connection::register_health(Arc<dyn HealthContributor>)` forwards to
+//! and `Connection::register_health(contributor)` forwards to
 //! [`HealthRegistry::register`].
 
 use std::collections::BTreeMap;
@@ -52,6 +52,8 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, RwLock};
 
 use crate::transport::TransportStatus;
+pub(crate) use crate::util::panic_text;
+use crate::util::{read, write};
 
 /// The name of the connection's built-in report.
 pub const CONNECTION: &str = "connection";
@@ -334,10 +336,7 @@ impl HealthRegistry {
     /// A contributor whose `name()` panics is registered as `contributor-{n}`.
     pub fn register(&self, contributor: Arc<dyn HealthContributor>) {
         let name = catch_unwind(AssertUnwindSafe(|| contributor.name()));
-        let mut list = self
-            .contributors
-            .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut list = write(&self.contributors);
         let name = name.unwrap_or_else(|_| format!("contributor-{}", list.len() + 1));
         list.retain(|(n, _)| *n != name);
         list.push((name, contributor));
@@ -357,10 +356,7 @@ impl HealthRegistry {
     /// assert!(registry.names().is_empty());
     /// ```
     pub fn unregister(&self, name: &str) -> bool {
-        let mut list = self
-            .contributors
-            .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut list = write(&self.contributors);
         let before = list.len();
         list.retain(|(n, _)| n != name);
         list.len() != before
@@ -387,10 +383,7 @@ impl HealthRegistry {
     }
 
     fn snapshot(&self) -> Vec<(String, Arc<dyn HealthContributor>)> {
-        self.contributors
-            .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone()
+        read(&self.contributors).clone()
     }
 }
 
@@ -411,17 +404,6 @@ fn evaluate_one(name: &str, contributor: &dyn HealthContributor) -> HealthReport
                 panic_text(panic.as_ref())
             ),
         ),
-    }
-}
-
-/// The text of a panic payload (`&str` or `String`), or a placeholder.
-pub(crate) fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_owned()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "(non-string panic payload)".to_owned()
     }
 }
 

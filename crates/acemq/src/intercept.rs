@@ -9,10 +9,11 @@
 
 use std::sync::{Arc, RwLock};
 
-use crate::consume::HandlerError;
+use crate::consume::handler::HandlerError;
 use crate::envelope::Envelope;
 use crate::error::Error;
 use crate::headers::Headers;
+use crate::util::{read, write};
 
 /// What a publish interceptor sees.
 #[derive(Debug)]
@@ -103,42 +104,24 @@ impl std::fmt::Debug for Interceptors {
 
 impl Interceptors {
     pub(crate) fn add_publish(&self, i: Arc<dyn PublishInterceptor>) {
-        let mut slot = self.publish.write().unwrap_or_else(|e| e.into_inner());
+        let mut slot = write(&self.publish);
         let mut v: Vec<_> = slot.iter().cloned().collect();
         v.push(i);
         *slot = v.into();
     }
 
     pub(crate) fn add_consume(&self, i: Arc<dyn ConsumeInterceptor>) {
-        let mut slot = self.consume.write().unwrap_or_else(|e| e.into_inner());
+        let mut slot = write(&self.consume);
         let mut v: Vec<_> = slot.iter().cloned().collect();
         v.push(i);
         *slot = v.into();
     }
 
     pub(crate) fn publish_chain(&self) -> Arc<[Arc<dyn PublishInterceptor>]> {
-        self.publish
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        read(&self.publish).clone()
     }
 
     pub(crate) fn consume_chain(&self) -> Arc<[Arc<dyn ConsumeInterceptor>]> {
-        self.consume
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-    }
-}
-
-impl crate::Connection {
-    /// Registers a publish interceptor for every publisher of this connection.
-    pub fn intercept_publish(&self, interceptor: impl PublishInterceptor) {
-        self.shared.interceptors.add_publish(Arc::new(interceptor));
-    }
-
-    /// Registers a consume interceptor for every consumer of this connection.
-    pub fn intercept_consume(&self, interceptor: impl ConsumeInterceptor) {
-        self.shared.interceptors.add_consume(Arc::new(interceptor));
+        read(&self.consume).clone()
     }
 }

@@ -7,10 +7,22 @@
 //! service reads, retries and replays what a Java, .NET, Go, Python or Ruby service wrote.
 //!
 //! The data path, module by module:
-//! [`envelope`] (the wire headers) -> [`codec`] (the body) -> [`publish`] ->
-//! [`transport`] (RabbitMQ or `memory://`) -> [`consume`] (with [`consume::settle`] owning
-//! every settlement rule, driven by [`retry`]) -> [`replay`]. [`topology`] names and
-//! declares the queues the rules need.
+//!
+//! - [`connection`] is the façade: [`Connection`] is a cheap handle and every one of its
+//!   public methods is written there, a few lines each, delegating down.
+//! - The engine (private, `engine.rs`) is what the handle points at: the [`transport`]
+//!   (RabbitMQ or `memory://`), the confirm window, the one path for publishing on a
+//!   caller's behalf (retry hops, dead letters, parking, replay), the declare loop for a
+//!   [`topology`], the [`lifecycle`], the [`intercept`]ors and the [`health`] registry.
+//!   Publishers, consumers and replays each hold the engine, never the connection.
+//! - Out: [`publish`] builds the [`envelope`] (the wire headers) and encodes the body with a
+//!   [`codec`], then sends it through the engine's confirm window.
+//! - In: [`consume`] runs each delivery through its steps (admit → decode → guarded run →
+//!   decide → settle → release): the settlement rules are pure functions
+//!   ([`consume::Decision`], driven by a [`retry`] policy) and their effects are moves made
+//!   through the engine; [`replay`] brings dead letters and parked messages back.
+//! - Around it all: [`observe`] (metrics and trace context), [`idempotency`], and the
+//!   `actuator` (feature `actuator`).
 #![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
 #![deny(unused_must_use)]
 
@@ -19,6 +31,7 @@ pub mod actuator;
 pub mod codec;
 pub mod connection;
 pub mod consume;
+mod engine;
 pub mod envelope;
 pub mod error;
 pub mod headers;
@@ -32,6 +45,7 @@ pub mod replay;
 pub mod retry;
 pub mod topology;
 pub mod transport;
+mod util;
 
 pub use connection::Connection;
 

@@ -14,10 +14,9 @@ use std::time::Duration;
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::connection::Connection;
-use crate::error::Error;
+use crate::util::lock;
 
-/// How long [`Connection::close`] drains before closing (fits Kubernetes' default 30 s
+/// How long [`Connection::close`](crate::Connection::close) drains before closing (fits Kubernetes' default 30 s
 /// grace period; the family's figure).
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -41,11 +40,11 @@ pub(crate) struct ConsumerControl {
 
 impl ConsumerControl {
     pub(crate) fn ended(&self, reason: Option<String>) {
-        *self.ended.lock().unwrap_or_else(|e| e.into_inner()) = reason;
+        *lock(&self.ended) = reason;
     }
 
     fn stopped(&self) -> Option<String> {
-        self.ended.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        lock(&self.ended).clone()
     }
 }
 
@@ -84,7 +83,7 @@ pub(crate) enum Gate {
 
 impl Lifecycle {
     pub(crate) fn register(&self, control: Arc<ConsumerControl>) {
-        let mut consumers = self.consumers.lock().unwrap_or_else(|e| e.into_inner());
+        let mut consumers = lock(&self.consumers);
         // Finished consumers are forgotten, unless they stopped on their own: health keeps
         // reporting those until the process deals with them.
         consumers.retain(|c| !*c.done.borrow() || c.stopped().is_some());
@@ -136,12 +135,12 @@ impl Lifecycle {
         *self.paused.borrow()
     }
 
-    fn set_paused(&self, paused: bool) {
+    pub(crate) fn set_paused(&self, paused: bool) {
         self.paused.send_replace(paused);
     }
 
     /// Waits until no handler runs; `false` when `timeout` passes first.
-    async fn wait_idle(&self, timeout: Duration) -> bool {
+    pub(crate) async fn wait_idle(&self, timeout: Duration) -> bool {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             let notified = self.idle.notified();
@@ -168,15 +167,12 @@ impl Lifecycle {
     }
 
     fn controls(&self) -> Vec<Arc<ConsumerControl>> {
-        self.consumers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        lock(&self.consumers).clone()
     }
 
     /// Cancels every consumer, hands held deliveries back, cuts waits short, and waits up
     /// to `grace` for the consumers to finish. Returns whether they all did.
-    async fn shut_consumers(&self, grace: Duration) -> bool {
+    pub(crate) async fn shut_consumers(&self, grace: Duration) -> bool {
         self.closed.store(true, Ordering::SeqCst);
         let controls = self.controls();
         for c in &controls {
@@ -190,95 +186,5 @@ impl Lifecycle {
             }
         };
         tokio::time::timeout(grace, all_done).await.is_ok()
-    }
-}
-
-impl Connection {
-    /// Stops handing deliveries to handlers. Nothing is lost: a delivery that arrives
-    /// meanwhile waits at the gate unacked (see [`Connection::held`]).
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), acemq::Error> {
-    /// let mq = acemq::Connection::connect("memory://doc-pause").await?;
-    /// mq.pause_consuming();
-    /// assert!(mq.is_consuming_paused());
-    /// mq.resume_consuming();
-    /// # Ok(()) }
-    /// ```
-    pub fn pause_consuming(&self) {
-        self.shared.lifecycle.set_paused(true);
-    }
-
-    /// Hands deliveries to handlers again (held ones first).
-    pub fn resume_consuming(&self) {
-        self.shared.lifecycle.set_paused(false);
-    }
-
-    /// Whether consuming is paused.
-    pub fn is_consuming_paused(&self) -> bool {
-        self.shared.lifecycle.consuming_paused()
-    }
-
-    /// Handlers running right now, across every consumer of this connection.
-    pub fn in_flight(&self) -> usize {
-        self.shared.lifecycle.in_flight()
-    }
-
-    /// Deliveries fetched and waiting at the pause gate, never handled. They are unacked:
-    /// the broker redelivers them if the process goes away.
-    pub fn held(&self) -> usize {
-        self.shared.lifecycle.held()
-    }
-
-    /// Pauses consuming and waits for running handlers. `true` when every handler
-    /// finished, `false` when `timeout` passed first (never an error). Consuming stays
-    /// paused. A `true` does not mean every delivery was handled: read [`Connection::held`].
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), acemq::Error> {
-    /// let mq = acemq::Connection::connect("memory://doc-drain").await?;
-    /// assert!(mq.drain_consumers(std::time::Duration::from_secs(1)).await);
-    /// # Ok(()) }
-    /// ```
-    pub async fn drain_consumers(&self, timeout: Duration) -> bool {
-        self.pause_consuming();
-        self.shared.lifecycle.wait_idle(timeout).await
-    }
-
-    /// Like [`Connection::drain_consumers`], abandoning the wait when `cancel` fires:
-    /// that is [`Error::Cancelled`], distinct from the timeout's `Ok(false)`. Handlers are
-    /// not interrupted and consuming stays paused.
-    pub async fn drain_consumers_until(
-        &self,
-        timeout: Duration,
-        cancel: &CancellationToken,
-    ) -> Result<bool, Error> {
-        tokio::select! {
-            biased;
-            _ = cancel.cancelled() => Err(Error::Cancelled),
-            finished = self.drain_consumers(timeout) => Ok(finished),
-        }
-    }
-
-    /// Drains for up to [`DEFAULT_DRAIN_TIMEOUT`], then closes ([`Connection::close_now`]).
-    pub async fn close(&self) -> Result<(), Error> {
-        self.drain_consumers(DEFAULT_DRAIN_TIMEOUT).await;
-        self.close_now().await
-    }
-
-    /// Closes without draining: consumers are cancelled first, held deliveries handed back
-    /// at once, handler tokens cancelled (a retry or in-progress wait ends and its message
-    /// is requeued, attempt unchanged), running handlers get up to [`ABANDON_AFTER`], then
-    /// the connection closes anyway. An abandoned handler's late ack is dropped.
-    pub async fn close_now(&self) -> Result<(), Error> {
-        let finished = self.shared.lifecycle.shut_consumers(ABANDON_AFTER).await;
-        if !finished {
-            tracing::warn!(
-                in_flight = self.in_flight(),
-                "closing with handlers still running; they are abandoned and their messages will be redelivered"
-            );
-        }
-        self.shared.transport.close().await?;
-        Ok(())
     }
 }

@@ -4,19 +4,19 @@
 //! publish: the envelope is built and written, the body encoded, the reserved header prefix
 //! refused, and the broker's answer turned into a [`PublishResult`] or an [`Error`]
 //! (unroutable, nacked, refused). A bounded window of outstanding confirms per connection
-//! (default 1000) keeps memory flat under load. It also owns `publish_on_behalf`, the one
-//! path every move the engine makes (retry hop, dead letter, park, replay) goes through.
+//! (default 1000, held by the engine) keeps memory flat under load. The
+//! moves the engine makes on a caller's behalf (retry hop, dead letter, park, replay) do
+//! not come through here: they go through the engine's `publish_on_behalf`.
 
 use std::collections::VecDeque;
 use std::marker::PhantomData;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use tokio::sync::OwnedSemaphorePermit;
 
-use crate::codec::{Encoder, Json};
-use crate::connection::{Connection, Shared};
+use crate::codec::Encoder;
+use crate::engine::Engine;
 use crate::envelope::{Envelope, check_application_headers};
 use crate::error::Error;
 use crate::headers::Headers;
@@ -148,7 +148,7 @@ impl SendOptions {
 /// # Ok(()) }
 /// ```
 pub struct Publisher<T: ?Sized> {
-    shared: Arc<Shared>,
+    engine: Arc<Engine>,
     exchange: String,
     routing_key: String,
     encoder: Arc<dyn Encoder<T>>,
@@ -161,7 +161,7 @@ pub struct Publisher<T: ?Sized> {
 impl<T: ?Sized> Clone for Publisher<T> {
     fn clone(&self) -> Self {
         Publisher {
-            shared: self.shared.clone(),
+            engine: self.engine.clone(),
             exchange: self.exchange.clone(),
             routing_key: self.routing_key.clone(),
             encoder: self.encoder.clone(),
@@ -183,40 +183,21 @@ impl<T: ?Sized + 'static> std::fmt::Debug for Publisher<T> {
     }
 }
 
-impl Connection {
-    /// A JSON publisher to `exchange` with `routing_key` (`""` is the default exchange,
-    /// where the routing key names the queue).
-    pub fn publisher<T>(
-        &self,
-        exchange: impl Into<String>,
-        routing_key: impl Into<String>,
-    ) -> Publisher<T>
-    where
-        T: serde::Serialize + ?Sized + 'static,
-    {
-        self.publisher_with(exchange, routing_key, Json)
-    }
-
-    /// A publisher with another codec ([`crate::codec::Text`], [`crate::codec::RawBytes`]
-    /// or your own [`Encoder`]).
-    pub fn publisher_with<T, E>(
-        &self,
-        exchange: impl Into<String>,
-        routing_key: impl Into<String>,
+impl<T: ?Sized + 'static> Publisher<T> {
+    /// A publisher over `engine` (what [`crate::Connection::publisher_with`] hands out).
+    pub(crate) fn new<E: Encoder<T>>(
+        engine: Arc<Engine>,
+        exchange: String,
+        routing_key: String,
         encoder: E,
-    ) -> Publisher<T>
-    where
-        T: ?Sized + 'static,
-        E: Encoder<T>,
-    {
-        let (exchange, routing_key) = (exchange.into(), routing_key.into());
+    ) -> Publisher<T> {
         let message_type = if routing_key.is_empty() {
             "message".to_owned()
         } else {
             routing_key.clone()
         };
         Publisher {
-            shared: self.shared.clone(),
+            engine,
             metrics: Arc::new(PublishMetrics::new(&exchange, &routing_key, message_type)),
             exchange,
             routing_key,
@@ -226,9 +207,7 @@ impl Connection {
             _payload: PhantomData,
         }
     }
-}
 
-impl<T: ?Sized + 'static> Publisher<T> {
     /// Publishes without `mandatory`: a message that routes nowhere is dropped by the
     /// broker instead of being an error.
     pub fn allow_unroutable(mut self) -> Self {
@@ -296,14 +275,14 @@ impl<T: ?Sized + 'static> Publisher<T> {
     /// from inside one) injected as `traceparent`, and its publish span.
     fn build(&self, payload: &T, mut o: SendOptions) -> Result<(Outbound, TraceContext), Error> {
         o.persistent = o.persistent.or(Some(self.persistent));
-        let chain = self.shared.interceptors.publish_chain();
+        let chain = self.engine.interceptors.publish_chain();
         let mut out = prepare_with(
             &*self.encoder,
             &self.exchange,
             &self.routing_key,
             payload,
             o,
-            &self.shared.origin,
+            &self.engine.origin,
             |envelope, headers| {
                 for i in chain.iter() {
                     i.before_publish(&mut PublishContext {
@@ -327,14 +306,14 @@ impl<T: ?Sized + 'static> Publisher<T> {
         outbound: Outbound,
         permit: Option<OwnedSemaphorePermit>,
     ) -> Result<InFlight, Error> {
-        if self.shared.publishing_paused.load(Ordering::SeqCst) {
+        if self.engine.publishing_paused() {
             return Err(Error::PublishingPaused);
         }
         let permit = match permit {
             Some(p) => p,
-            None => acquire(&self.shared).await?,
+            None => self.engine.acquire().await?,
         };
-        start_publish(&self.shared, outbound, permit).await
+        start_publish(&self.engine, outbound, permit).await
     }
 }
 
@@ -358,13 +337,13 @@ impl<T: Sized + 'static> Publisher<T> {
             // Take a window slot; while none is free, settle our own oldest publish so a
             // batch larger than the window never waits on itself.
             let permit = loop {
-                if let Ok(p) = self.shared.window.clone().try_acquire_owned() {
+                if let Some(p) = self.engine.try_acquire() {
                     break p;
                 }
                 match pending.pop_front() {
                     Some(Ok(f)) => results.push(f.finish(started).await),
                     Some(Err(e)) => results.push(Err(e)),
-                    None => break acquire(&self.shared).await?,
+                    None => break self.engine.acquire().await?,
                 }
             };
             pending.push_back(self.start(outbound, Some(permit)).await);
@@ -398,15 +377,6 @@ impl<T: Sized + 'static> Publisher<T> {
             }),
         }
     }
-}
-
-async fn acquire(shared: &Shared) -> Result<OwnedSemaphorePermit, Error> {
-    shared
-        .window
-        .clone()
-        .acquire_owned()
-        .await
-        .map_err(|_| Error::Closed)
 }
 
 /// Builds the message a publish sends: envelope written into the headers (`origin`
@@ -508,26 +478,26 @@ fn prepare_with<T: ?Sized, E: Encoder<T> + ?Sized>(
     })
 }
 
-impl Connection {
-    /// Publishes an already built message (body and properties verbatim), mandatory and
-    /// confirmed, and waits for the confirm. Not refused by
-    /// [`Connection::pause_publishing`]: this is the path for publishing on someone's
-    /// behalf, e.g. an outbox relay.
-    pub async fn publish_prepared(&self, mut outbound: Outbound) -> Result<PublishResult, Error> {
-        // Always mandatory: whoever publishes on someone's behalf must learn of a message
-        // that reached no queue (an outbox row marked published into nothing is lost).
-        outbound.mandatory = true;
-        let started = Instant::now();
-        let permit = acquire(&self.shared).await?;
-        start_publish(&self.shared, outbound, permit)
-            .await?
-            .finish(started)
-            .await
-    }
+/// Publishes an already built message (body and properties verbatim), mandatory and
+/// confirmed, and waits for the confirm; not refused by a publishing pause (what
+/// [`crate::Connection::publish_prepared`] does).
+pub(crate) async fn publish_prepared(
+    engine: &Engine,
+    mut outbound: Outbound,
+) -> Result<PublishResult, Error> {
+    // Always mandatory: whoever publishes on someone's behalf must learn of a message
+    // that reached no queue (an outbox row marked published into nothing is lost).
+    outbound.mandatory = true;
+    let started = Instant::now();
+    let permit = engine.acquire().await?;
+    start_publish(engine, outbound, permit)
+        .await?
+        .finish(started)
+        .await
 }
 
 /// A publish handed to the transport, awaiting its confirm.
-pub(crate) struct InFlight {
+struct InFlight {
     message_id: String,
     exchange: String,
     routing_key: String,
@@ -537,7 +507,7 @@ pub(crate) struct InFlight {
 }
 
 async fn start_publish(
-    shared: &Shared,
+    engine: &Engine,
     outbound: Outbound,
     permit: OwnedSemaphorePermit,
 ) -> Result<InFlight, Error> {
@@ -545,7 +515,7 @@ async fn start_publish(
     let exchange = outbound.exchange.clone();
     let routing_key = outbound.routing_key.clone();
     let mandatory = outbound.mandatory;
-    let confirm = shared
+    let confirm = engine
         .transport
         .publish(outbound)
         .await
@@ -587,25 +557,4 @@ fn map_refusal(e: TransportError) -> Error {
         TransportError::Blocked { reason } => Error::Blocked { reason },
         other => Error::Transport(other),
     }
-}
-
-/// Publishes a message the engine moves on a caller's behalf (retry hop, dead letter,
-/// park, replay): always mandatory and confirmed, never refused by
-/// [`Connection::pause_publishing`]. Returns the broker's confirmation so the caller can
-/// ack the original only when the copy was confirmed *and routed*.
-pub(crate) async fn publish_on_behalf(
-    shared: &Shared,
-    mut outbound: Outbound,
-) -> Result<Confirmation, TransportError> {
-    outbound.mandatory = true;
-    let _permit =
-        shared
-            .window
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(|_| TransportError::Closed {
-                detail: "connection closed".into(),
-            })?;
-    shared.transport.publish(outbound).await?.await
 }

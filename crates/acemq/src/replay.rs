@@ -14,13 +14,12 @@ use std::sync::Arc;
 use bytes::Bytes;
 use time::OffsetDateTime;
 
-use crate::connection::{Connection, Shared};
+use crate::engine::Engine;
 use crate::envelope::{Envelope, application_headers};
 use crate::error::Error;
 use crate::headers::Headers;
-use crate::publish::publish_on_behalf;
 use crate::topology::{dead_letter_queue, parked_queue};
-use crate::transport::{Confirmation, Delivery, Outbound, Settlement, TransportError};
+use crate::transport::{Confirmation, Delivery, Settlement};
 
 /// A replay of one queue's dead letters (or parked messages).
 ///
@@ -34,7 +33,7 @@ use crate::transport::{Confirmation, Delivery, Outbound, Settlement, TransportEr
 /// ```
 #[derive(Clone, Debug)]
 pub struct Replay {
-    shared: Arc<Shared>,
+    engine: Arc<Engine>,
     to: String,
     from: String,
     keep_attempts: bool,
@@ -60,19 +59,18 @@ pub struct DeadLetter<'a> {
     pub body: &'a Bytes,
 }
 
-impl Connection {
-    /// A replay of `{queue}.dlq` back into `queue`.
-    pub fn replay(&self, queue: &str) -> Replay {
+impl Replay {
+    /// A replay of `{queue}.dlq` back into `queue` (what [`crate::Connection::replay`]
+    /// hands out).
+    pub(crate) fn new(engine: Arc<Engine>, queue: &str) -> Replay {
         Replay {
-            shared: self.shared.clone(),
+            engine,
             to: queue.to_owned(),
             from: dead_letter_queue(queue),
             keep_attempts: false,
         }
     }
-}
 
-impl Replay {
     /// Replays `{queue}.parked` instead (after deploying the fix that reads them).
     pub fn parked(mut self) -> Self {
         self.from = parked_queue(&self.to);
@@ -98,7 +96,7 @@ impl Replay {
     /// How many messages wait to be replayed (moves nothing).
     pub async fn pending(&self) -> Result<u32, Error> {
         Ok(self
-            .shared
+            .engine
             .transport
             .inspect_queue(&self.from)
             .await?
@@ -119,19 +117,23 @@ impl Replay {
 
     /// Replays at most `max` messages the filter accepts. Declined ones are held until the
     /// pass ends, then returned to the dead-letter queue together.
+    ///
+    /// A pass stops at the first copy that does not land, leaving that message where it was:
+    /// [`Error::Unroutable`] when the destination routed it nowhere (e.g. the queue was deleted
+    /// mid-pass), [`Error::Nacked`] when the broker refused it, a transport error otherwise.
     pub async fn replay_matching<F>(&self, max: usize, mut filter: F) -> Result<ReplayReport, Error>
     where
         F: FnMut(&DeadLetter<'_>) -> bool,
     {
         // Fail before touching anything when the destination does not exist.
-        self.shared.transport.inspect_queue(&self.to).await?;
+        self.engine.transport.inspect_queue(&self.to).await?;
         let budget = self.pending().await? as usize;
         let mut report = ReplayReport::default();
         let mut held: Vec<Delivery> = Vec::new();
         let mut result = Ok(());
         let mut seen = 0usize;
         while report.replayed < max && seen < budget {
-            let delivery = match self.shared.transport.get(&self.from).await {
+            let delivery = match self.engine.transport.get(&self.from).await {
                 Ok(Some(d)) => d,
                 Ok(None) => break,
                 Err(e) => {
@@ -170,27 +172,23 @@ impl Replay {
         if !self.keep_attempts {
             envelope = envelope.with_attempt(1);
         }
-        let mut properties = d.properties.clone();
-        envelope.write(&mut properties.headers, &self.shared.origin);
-        properties.message_id = Some(envelope.id().to_owned());
-        let copy = Outbound {
-            exchange: String::new(),
-            routing_key: self.to.clone(),
-            mandatory: true,
-            properties,
-            body: d.body.clone(),
-        };
-        match publish_on_behalf(&self.shared, copy).await? {
+        let copy = self.engine.copy_with(d, &self.to, &envelope);
+        match self.engine.publish_on_behalf(copy).await? {
             Confirmation::Routed => {
                 d.acker.settle(Settlement::Ack { multiple: false }).await?;
                 Ok(())
             }
-            other => Err(Error::Transport(TransportError::NotFound {
-                detail: format!(
-                    "replay copy to {:?} was not routed ({other:?}); the message stays in {:?}",
-                    self.to, self.from
-                ),
-            })),
+            // The copy did not land: the dead letter is handed back (it stays where it was)
+            // and the caller learns what the broker said.
+            Confirmation::Unroutable { reply_text, .. } => Err(Error::Unroutable {
+                exchange: String::new(),
+                routing_key: self.to.clone(),
+                message_id: envelope.id().to_owned(),
+                reply_text,
+            }),
+            Confirmation::Nacked => Err(Error::Nacked {
+                message_id: envelope.id().to_owned(),
+            }),
         }
     }
 }
@@ -199,3 +197,57 @@ const REQUEUE: Settlement = Settlement::Nack {
     multiple: false,
     requeue: true,
 };
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::Replay;
+    use crate::engine::Engine;
+    use crate::error::Error;
+    use crate::topology::QueueDecl;
+    use crate::transport::memory::MemoryTransport;
+    use crate::transport::{Confirmation, Outbound, Properties, Transport};
+
+    /// A destination deleted under a running pass: the copy routes nowhere, which is
+    /// reported as unroutable (not "not found"), and the dead letter stays where it was.
+    /// (A replay needs only an engine, not a whole connection.)
+    #[tokio::test]
+    async fn a_copy_that_routes_nowhere_is_reported_as_unroutable() {
+        let t: Arc<dyn Transport> = Arc::new(MemoryTransport::connect("replay-unroutable-unit"));
+        let engine = Engine::new(t.clone(), "test", 8);
+        t.declare_queue(&QueueDecl::classic("orders"))
+            .await
+            .unwrap();
+        t.declare_queue(&QueueDecl::classic("orders.dlq"))
+            .await
+            .unwrap();
+        let dead = Outbound {
+            exchange: String::new(),
+            routing_key: "orders.dlq".into(),
+            mandatory: true,
+            properties: Properties::default(),
+            body: bytes::Bytes::from_static(b"lost?"),
+        };
+        assert_eq!(
+            engine.publish_on_behalf(dead).await.unwrap(),
+            Confirmation::Routed
+        );
+        let replay = Replay::new(engine, "orders");
+        let deleter = t.clone();
+        let err = replay
+            .replay_matching(1, move |_| {
+                // The destination goes away after the pass checked it.
+                futures::executor::block_on(deleter.delete_queue("orders")).unwrap();
+                true
+            })
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, Error::Unroutable { routing_key, .. } if routing_key == "orders"),
+            "{err:?}"
+        );
+        assert_eq!(replay.pending().await.unwrap(), 1, "the dead letter stays");
+        t.close().await.unwrap();
+    }
+}

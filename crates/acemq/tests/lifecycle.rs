@@ -168,7 +168,7 @@ async fn closing_cuts_a_retry_wait_short_and_requeues_with_the_attempt_unchanged
         let consumer = mq
             .consume(
                 &q,
-                ConsumerOptions::default().with_retry(policy),
+                ConsumerOptions::default().retry(policy),
                 |_m: Message<u32>| async { Err(HandlerError::retry("down")) },
             )
             .await

@@ -83,7 +83,7 @@ async fn interceptors_run_in_order_after_handle_always_and_in_reverse() {
         let consumer = mq
             .consume(
                 &q,
-                ConsumerOptions::default().with_retry(RetryPolicy::none()),
+                ConsumerOptions::default().retry(RetryPolicy::none()),
                 move |m: Message<u32>| {
                     let (tx, l) = (tx.clone(), l.clone());
                     async move {
@@ -160,7 +160,7 @@ async fn a_before_handle_error_ends_in_dlq_after_the_policys_attempts() {
         let consumer = mq
             .consume(
                 &q,
-                ConsumerOptions::default().with_retry(policy),
+                ConsumerOptions::default().retry(policy),
                 move |_m: Message<u32>| {
                     let r = r.clone();
                     async move {
@@ -297,7 +297,7 @@ async fn metrics_endpoint_counts_outcomes_and_a_trace_crosses_connections() {
         let consumer = consumer_conn
             .consume(
                 &q,
-                ConsumerOptions::default().with_retry(policy),
+                ConsumerOptions::default().retry(policy),
                 move |m: Message<u32>| {
                     let s = s.clone();
                     async move {

@@ -87,7 +87,7 @@ async fn a_handler_failing_k_times_runs_k_plus_one_times_with_attempts_from_the_
         let consumer = mq
             .consume(
                 &q,
-                ConsumerOptions::default().with_retry(policy),
+                ConsumerOptions::default().retry(policy),
                 move |m: Message<serde_json::Value>| {
                     let s = s.clone();
                     async move {
@@ -135,7 +135,7 @@ async fn broker_waits_visit_the_rung_and_exhaustion_lands_in_dlq_with_the_reason
         let consumer = mq
             .consume(
                 &q,
-                ConsumerOptions::default().with_retry(policy),
+                ConsumerOptions::default().retry(policy),
                 move |m: Message<serde_json::Value>| {
                     let s = s.clone();
                     async move {
@@ -213,7 +213,7 @@ async fn a_consumer_restarted_during_a_broker_wait_keeps_the_wait_and_the_count(
         let first = mq
             .consume(
                 &q,
-                ConsumerOptions::default().with_retry(policy.clone()),
+                ConsumerOptions::default().retry(policy.clone()),
                 |_m: Message<serde_json::Value>| async { Err(HandlerError::retry("down")) },
             )
             .await
@@ -238,7 +238,7 @@ async fn a_consumer_restarted_during_a_broker_wait_keeps_the_wait_and_the_count(
         let second = mq
             .consume(
                 &q,
-                ConsumerOptions::default().with_retry(policy),
+                ConsumerOptions::default().retry(policy),
                 move |m: Message<serde_json::Value>| {
                     let tx = tx.clone();
                     async move {
@@ -270,7 +270,7 @@ async fn the_age_limit_dead_letters_on_the_first_failure() {
         let consumer = mq
             .consume(
                 &q,
-                ConsumerOptions::default().with_retry(policy),
+                ConsumerOptions::default().retry(policy),
                 |_m: Message<serde_json::Value>| async {
                     Err(HandlerError::retry("still failing"))
                 },
@@ -420,7 +420,7 @@ async fn fatal_goes_to_dlq_after_one_attempt_and_a_huge_reason_is_cut() {
         let consumer = mq
             .consume(
                 &q,
-                ConsumerOptions::default().with_retry(policy),
+                ConsumerOptions::default().retry(policy),
                 move |m: Message<serde_json::Value>| {
                     let s = s.clone();
                     async move {
@@ -436,8 +436,7 @@ async fn fatal_goes_to_dlq_after_one_attempt_and_a_huge_reason_is_cut() {
         let reason = header_str(&dead, envelope::ERROR);
         assert!(reason.starts_with("the handler reported an unprocessable message: xxx"));
         assert!(
-            reason.len() <= acemq::consume::settle::MAX_REASON_BYTES
-                && reason.ends_with("[truncated]")
+            reason.len() <= acemq::consume::MAX_REASON_BYTES && reason.ends_with("[truncated]")
         );
         assert_eq!(seen.get("poison"), vec![1]);
         settled(&consumer, |s| s.rejected == 1).await;
@@ -459,7 +458,7 @@ async fn a_panicking_handler_is_retried_and_the_consumer_survives() {
         let consumer = mq
             .consume(
                 &q,
-                ConsumerOptions::default().with_retry(policy),
+                ConsumerOptions::default().retry(policy),
                 move |m: Message<serde_json::Value>| {
                     let s = s.clone();
                     async move {
@@ -498,7 +497,7 @@ async fn a_raw_message_is_retried_and_dead_lettered_like_any_other() {
         let consumer = mq
             .consume(
                 &q,
-                ConsumerOptions::default().with_retry(policy),
+                ConsumerOptions::default().retry(policy),
                 move |m: Message<serde_json::Value>| {
                     let s = s.clone();
                     async move {
@@ -542,7 +541,7 @@ async fn a_consumer_refuses_to_start_when_its_rung_exists_with_other_arguments()
         let err = mq
             .consume(
                 &q,
-                ConsumerOptions::default().with_retry(policy),
+                ConsumerOptions::default().retry(policy),
                 |_m: Message<serde_json::Value>| async { Ok(()) },
             )
             .await
@@ -591,7 +590,7 @@ async fn a_six_hour_ladder_runs_to_dlq_in_well_under_a_second_on_a_paused_clock(
     let consumer = mq
         .consume(
             q,
-            ConsumerOptions::default().with_retry(policy),
+            ConsumerOptions::default().retry(policy),
             move |m: Message<serde_json::Value>| {
                 let s = s.clone();
                 async move {
@@ -626,4 +625,86 @@ async fn a_six_hour_ladder_runs_to_dlq_in_well_under_a_second_on_a_paused_clock(
         wall.elapsed()
     );
     consumer.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rung_deleted_under_a_running_consumer_is_counted_waited_in_the_consumer_and_nothing_lands_in_dlq()
+ {
+    on_each_target(|target: Target| async move {
+        let (mq, q) = connect_with_classic_queue(&target, "rung-gone").await;
+        let second = Duration::from_secs(1);
+        let policy = RetryPolicy::fixed(3, second)
+            .unwrap()
+            .wait_in_broker_from(second);
+        let seen = Seen::default();
+        let s = seen.clone();
+        let consumer = mq
+            .consume(
+                &q,
+                ConsumerOptions::default().retry(policy),
+                move |m: Message<serde_json::Value>| {
+                    let s = s.clone();
+                    async move {
+                        if s.record(&m) == 1 {
+                            return Err(HandlerError::retry("first try fails"));
+                        }
+                        Ok(())
+                    }
+                },
+            )
+            .await
+            .unwrap();
+        // The consumer declared its rung; someone deletes it while the consumer runs.
+        let t = mq.transport();
+        let rung = acemq::topology::retry_queue(&q, second);
+        t.inspect_queue(&rung)
+            .await
+            .expect("the consumer declared its rung");
+        t.delete_queue(&rung).await.unwrap();
+        let started = std::time::Instant::now();
+        send_json(&mq, &q, "m-rung-gone").await;
+        // The hop to the missing rung is counted, and the delivery is held in the consumer
+        // for the wait (in flight, not in any queue).
+        settled(&consumer, |s| s.rung_missing == 1).await;
+        assert_eq!(consumer.in_flight(), 1, "the wait is spent in the consumer");
+        settled(&consumer, |s| s.acked == 1).await;
+        assert!(
+            started.elapsed() >= Duration::from_millis(900),
+            "the 1 s wait was served in the consumer, took {:?}",
+            started.elapsed()
+        );
+        assert_eq!(
+            seen.get("m-rung-gone"),
+            vec![1, 2],
+            "retried once, attempt advanced"
+        );
+        let s = consumer.stats();
+        assert_eq!(
+            (
+                s.rung_missing,
+                s.retried,
+                s.acked,
+                s.dead_lettered,
+                s.set_aside_failed
+            ),
+            (1, 1, 1, 0, 0),
+            "{s:?}"
+        );
+        assert_eq!(
+            t.inspect_queue(&format!("{q}.dlq"))
+                .await
+                .unwrap()
+                .message_count,
+            0,
+            "nothing lands in .dlq"
+        );
+        assert!(
+            t.inspect_queue(&rung).await.is_err(),
+            "the rung stays deleted"
+        );
+        assert_eq!(t.inspect_queue(&q).await.unwrap().message_count, 0);
+        consumer.close().await;
+        teardown(&mq, &q, &[second]).await;
+    })
+    .await;
 }

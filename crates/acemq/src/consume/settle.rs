@@ -1,198 +1,34 @@
-//! Settlement: the one place that turns a delivery plus what happened to it into exactly
-//! one broker outcome (wire.md §5–§6).
+//! Settlement effects: carrying a [`Decision`] out for one delivery (the rules that choose
+//! it are in `consume::decide`).
 //!
-//! `decide` is pure: handler result + envelope + policy -> [`Decision`]. `Settler`
-//! carries a decision out. Every move (retry hop, dead letter, park) is a mandatory,
-//! confirmed publish through the default exchange that keeps the body, `message_id`,
-//! content type, reply-to and every incoming header, then rewrites the envelope fields;
-//! the original is acked only after the copy is confirmed *and routed*, otherwise it is
-//! handed back with requeue and `set_aside_failed` is counted. Nothing is ever acked into
-//! nothing, and a failed move never closes the consumer's channel.
+//! Every move (retry hop, dead letter, park, in-progress republish) is a mandatory,
+//! confirmed publish through the default exchange of a copy that keeps the body,
+//! `message_id`, content type, reply-to and every incoming header, with the envelope fields
+//! rewritten; the original is acked only after the copy is confirmed *and routed*,
+//! otherwise it is handed back with requeue after a short pause and `set_aside_failed` is
+//! counted. Nothing is ever acked into nothing, and a failed move never closes the
+//! consumer's channel. A broker wait whose rung queue is missing is counted as
+//! `rung_missing` and waited in the consumer instead. A consumer running one handler at a
+//! time sends consecutive acks as one `multiple` ack ([`AckRun`]).
 
-use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::handler::{HandlerError, Kind};
-use super::stats::{Counter, Stats};
-use crate::connection::Shared;
+use super::decide::{DeadLetterKind, Decision};
+use super::stats::{ConsumerMetrics, Counter, Observed, Stats};
+use crate::engine::{Engine, copy_as_delivered};
 use crate::envelope::{self, Envelope};
 use crate::headers::HeaderValue;
 use crate::observe::metrics::{ConsumeMetrics, ConsumeOutcome};
 use crate::observe::trace;
-use crate::publish::publish_on_behalf;
-use crate::retry::{RetryPolicy, Wait};
-use crate::topology::{dead_letter_queue, parked_queue, render_delay, retry_queue};
+use crate::retry::Wait;
+use crate::topology::{dead_letter_queue, parked_queue, retry_queue};
 use crate::transport::{Confirmation, Delivery, Outbound, Settlement, TransportError};
-
-/// Reason texts are cut to this many bytes (with a marker) so a republish never outgrows
-/// the broker's frame size.
-pub const MAX_REASON_BYTES: usize = 4096;
 
 /// How long a delivery whose move failed is held before it is requeued.
 pub const SET_ASIDE_PAUSE: Duration = Duration::from_millis(250);
-
-/// The default wait between attempts when a consumer has no retry policy (seed 000:
-/// "retried after a fixed delay, forever").
-pub const DEFAULT_RETRY_DELAY_WITHOUT_POLICY: Duration = Duration::from_secs(5);
-
-/// What happened to a delivery before settlement.
-#[derive(Debug)]
-pub(crate) enum Outcome {
-    /// The handler returned Ok.
-    Handled,
-    /// The handler failed (or panicked, or an interceptor refused it).
-    Failed(HandlerError),
-    /// The body could not be decoded.
-    Undecodable(String),
-    /// The idempotency store says this id was handled (confirmed): ack, don't run.
-    Duplicate,
-    /// The idempotency store says another consumer holds a live claim on this id.
-    InProgress,
-}
-
-/// Why a message goes to `{q}.dlq`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DeadLetterKind {
-    /// The policy gave up (attempts or age): outcome `dead_lettered`.
-    Exhausted,
-    /// The handler said it is unprocessable: outcome `rejected`.
-    Unprocessable,
-    /// The handler asked for it: outcome `dead_lettered`.
-    Requested,
-}
-
-/// The broker outcome chosen for one delivery.
-#[derive(Clone, Debug, PartialEq)]
-#[non_exhaustive]
-pub enum Decision {
-    /// basic.ack.
-    Ack,
-    /// Republish with the attempt advanced, after `wait`.
-    Retry(Wait),
-    /// Republish to `{q}.dlq` with the reason.
-    DeadLetter {
-        /// `x-acemq-error`.
-        reason: String,
-        /// Why.
-        kind: DeadLetterKind,
-    },
-    /// Republish the bytes as delivered to `{q}.parked` with the reason.
-    Park {
-        /// `x-acemq-error`.
-        reason: String,
-    },
-    /// Hand back with requeue; no attempt spent.
-    Release,
-    /// Acked without running the handler: the id was already handled.
-    Duplicate,
-    /// Someone else is working on it: wait, then republish to the same queue with the
-    /// attempt unchanged (no attempt spent, never dead-lettered).
-    InProgress(Duration),
-}
-
-/// Decides a delivery's fate (pure apart from the jitter the policy draws).
-pub(crate) fn decide(
-    outcome: &Outcome,
-    envelope: &Envelope,
-    policy: Option<&RetryPolicy>,
-    no_policy_delay: Duration,
-    in_progress_delay: Duration,
-) -> Decision {
-    match outcome {
-        Outcome::Handled => Decision::Ack,
-        Outcome::Duplicate => Decision::Duplicate,
-        Outcome::InProgress => Decision::InProgress(in_progress_delay),
-        Outcome::Undecodable(e) => Decision::Park {
-            reason: bounded(format!("could not be decoded: {e}")),
-        },
-        Outcome::Failed(err) => match err.kind {
-            Kind::Retry => decide_failure(&err.reason, envelope, policy, no_policy_delay),
-            Kind::Fatal => Decision::DeadLetter {
-                reason: bounded(format!(
-                    "the handler reported an unprocessable message: {}",
-                    err.reason
-                )),
-                kind: DeadLetterKind::Unprocessable,
-            },
-            Kind::DeadLetter => Decision::DeadLetter {
-                reason: bounded(format!(
-                    "the handler dead-lettered the message: {}",
-                    err.reason
-                )),
-                kind: DeadLetterKind::Requested,
-            },
-            Kind::Park => Decision::Park {
-                reason: bounded(format!("the handler parked the message: {}", err.reason)),
-            },
-            Kind::Release => Decision::Release,
-        },
-    }
-}
-
-/// The policy's answer to an ordinary failure: retry after a wait, or dead-letter with the
-/// family's reason text. Without a policy: retry after `no_policy_delay`, forever.
-///
-/// ```
-/// use acemq::consume::settle::{decide_failure, Decision, DeadLetterKind};
-/// use acemq::envelope::Envelope;
-/// use acemq::retry::RetryPolicy;
-/// let policy = RetryPolicy::none();
-/// let d = decide_failure("boom", &Envelope::new("t"), Some(&policy), std::time::Duration::from_secs(5));
-/// assert_eq!(d, Decision::DeadLetter { reason: "exhausted 1 attempts: boom".into(), kind: DeadLetterKind::Exhausted });
-/// ```
-pub fn decide_failure(
-    error: &str,
-    envelope: &Envelope,
-    policy: Option<&RetryPolicy>,
-    no_policy_delay: Duration,
-) -> Decision {
-    let Some(policy) = policy else {
-        return Decision::Retry(Wait {
-            delay: no_policy_delay,
-            in_broker: false,
-        });
-    };
-    let attempt = u32::try_from(envelope.attempt()).unwrap_or(1);
-    let age = envelope.age();
-    if let Some(wait) = policy.next_wait(attempt, age) {
-        return Decision::Retry(wait);
-    }
-    let reason = if attempt >= policy.max_attempts() {
-        format!("exhausted {attempt} attempts: {error}")
-    } else {
-        format!(
-            "exceeded the maximum message age of {}: {error}",
-            render_delay(policy.max_message_age())
-        )
-    };
-    Decision::DeadLetter {
-        reason: bounded(reason),
-        kind: DeadLetterKind::Exhausted,
-    }
-}
-
-/// Cuts a reason to [`MAX_REASON_BYTES`] on a character boundary, with a marker.
-///
-/// ```
-/// let long = "x".repeat(1_000_000);
-/// let cut = acemq::consume::settle::bounded(long);
-/// assert!(cut.len() <= acemq::consume::settle::MAX_REASON_BYTES);
-/// assert!(cut.ends_with("[truncated]"));
-/// ```
-pub fn bounded(reason: String) -> String {
-    const MARKER: &str = "... [truncated]";
-    if reason.len() <= MAX_REASON_BYTES {
-        return reason;
-    }
-    let mut end = MAX_REASON_BYTES - MARKER.len();
-    while !reason.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}{MARKER}", &reason[..end])
-}
 
 /// Acks held back so that a contiguous run of deliveries whose handlers have finished with
 /// an ack is settled by one `multiple` ack. Used only by a consumer that runs one handler at
@@ -214,21 +50,12 @@ impl AckRun {
     }
 }
 
-/// How one delivery is being observed: when its handling started, its processing span and
-/// its metric series (looked up once per delivery).
-#[derive(Debug)]
-pub(crate) struct Observed {
-    pub(crate) started: Instant,
-    pub(crate) span: tracing::Span,
-    pub(crate) series: Arc<ConsumeMetrics>,
-}
-
 /// Carries decisions out for one consumer.
 #[derive(Debug)]
 pub(crate) struct Settler {
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) engine: Arc<Engine>,
     pub(crate) queue: Arc<str>,
-    pub(crate) stats: Arc<Stats>,
+    stats: Arc<Stats>,
     /// Cancelled when the consumer closes: an in-consumer wait ends and the message is
     /// requeued with its attempt unchanged.
     pub(crate) closing: CancellationToken,
@@ -236,6 +63,22 @@ pub(crate) struct Settler {
 }
 
 impl Settler {
+    /// The settler of the consumer of `queue`, counting into `stats`.
+    pub(crate) fn new(
+        engine: Arc<Engine>,
+        queue: Arc<str>,
+        stats: Arc<Stats>,
+        closing: CancellationToken,
+    ) -> Settler {
+        Settler {
+            engine,
+            metrics: ConsumerMetrics::new(queue.clone()),
+            queue,
+            stats,
+            closing,
+        }
+    }
+
     /// Settles one delivery according to `decision`, and records what happened — in the
     /// consumer's counters, the family's metrics and the processing span — in one place.
     pub(crate) async fn settle(
@@ -253,12 +96,12 @@ impl Settler {
                 if !self.wait(delay).await {
                     self.send(&d, REQUEUE, Counter::RequeuedOnClose).await
                 } else {
-                    let copy = self.copy(&d, &self.queue, envelope.clone());
+                    let copy = self.engine.copy_with(&d, &self.queue, envelope);
                     self.move_then_ack(&d, copy, Counter::InProgress).await
                 }
             }
             Decision::Park { reason } => {
-                let mut copy = self.copy_as_delivered(&d, &parked_queue(&self.queue));
+                let mut copy = copy_as_delivered(&d, &parked_queue(&self.queue));
                 copy.properties
                     .headers
                     .insert(envelope::ERROR.into(), HeaderValue::Str(reason));
@@ -267,7 +110,8 @@ impl Settler {
             }
             Decision::DeadLetter { reason, kind } => {
                 let target = dead_letter_queue(&self.queue);
-                let mut copy = self.copy(&d, &target, envelope.clone().with_error(Some(reason)));
+                let dead = envelope.clone().with_error(Some(reason));
+                let mut copy = self.engine.copy_with(&d, &target, &dead);
                 copy.properties.expiration = None;
                 let counter = match kind {
                     DeadLetterKind::Unprocessable => Counter::Rejected,
@@ -277,10 +121,29 @@ impl Settler {
             }
             Decision::Retry(wait) => self.retry(&d, envelope, wait).await,
         };
+        self.record(
+            counter,
+            &seen.series,
+            seen.started.elapsed(),
+            Some(&seen.span),
+        );
+    }
+
+    /// Counts one settled delivery and, when its counter is a consume outcome, records it
+    /// in the delivery's metric series and processing span (the counter table says which).
+    fn record(
+        &self,
+        counter: Counter,
+        series: &ConsumeMetrics,
+        took: Duration,
+        span: Option<&tracing::Span>,
+    ) {
         self.stats.add(counter);
         if let Some(outcome) = counter.outcome() {
-            seen.series.record(outcome, seen.started.elapsed());
-            trace::record_consume_outcome(&seen.span, outcome);
+            series.record(outcome, took);
+            if let Some(span) = span {
+                trace::record_consume_outcome(span, outcome);
+            }
         }
     }
 
@@ -327,13 +190,14 @@ impl Settler {
                 false
             }
         };
+        let counter = if sent {
+            Counter::Acked
+        } else {
+            Counter::SettleFailed
+        };
+        // The span already carries `acked` (set when the delivery joined the run).
         for (series, took) in run.held.drain(..) {
-            if sent {
-                self.stats.add(Counter::Acked);
-                series.record(ConsumeOutcome::Acked, took);
-            } else {
-                self.stats.add(Counter::SettleFailed);
-            }
+            self.record(counter, &series, took, None);
         }
     }
 
@@ -350,7 +214,8 @@ impl Settler {
             .with_attempt(envelope.attempt().saturating_add(1));
         if wait.in_broker {
             let rung = retry_queue(&self.queue, wait.delay);
-            match publish_on_behalf(&self.shared, self.copy(d, &rung, next.clone())).await {
+            let copy = self.engine.copy_with(d, &rung, &next);
+            match self.engine.publish_on_behalf(copy).await {
                 Ok(Confirmation::Routed) => return self.send(d, ACK, Counter::Retried).await,
                 Ok(Confirmation::Unroutable { .. }) => {
                     // The rung does not exist: count it and wait here instead.
@@ -364,8 +229,12 @@ impl Settler {
         if !self.wait(wait.delay).await {
             return self.send(d, REQUEUE, Counter::RequeuedOnClose).await;
         }
-        self.move_then_ack(d, self.copy(d, &self.queue, next), Counter::Retried)
-            .await
+        self.move_then_ack(
+            d,
+            self.engine.copy_with(d, &self.queue, &next),
+            Counter::Retried,
+        )
+        .await
     }
 
     /// Waits in the consumer, holding the delivery; `false` when the consumer is closing
@@ -381,7 +250,7 @@ impl Settler {
     /// Publishes the copy; acks the original only once the copy is confirmed and routed.
     async fn move_then_ack(&self, d: &Delivery, copy: Outbound, counter: Counter) -> Counter {
         let target = copy.routing_key.clone();
-        match publish_on_behalf(&self.shared, copy).await {
+        match self.engine.publish_on_behalf(copy).await {
             Ok(Confirmation::Routed) => self.send(d, ACK, counter).await,
             other => self.set_aside_failed(d, &target, other).await,
         }
@@ -417,25 +286,6 @@ impl Settler {
             }
         }
     }
-
-    /// A copy for `target` through the default exchange: everything as delivered, then
-    /// the envelope fields rewritten from `envelope`.
-    fn copy(&self, d: &Delivery, target: &str, envelope: Envelope) -> Outbound {
-        let mut copy = self.copy_as_delivered(d, target);
-        envelope.write(&mut copy.properties.headers, &self.shared.origin);
-        copy.properties.message_id = Some(envelope.id().to_owned());
-        copy
-    }
-
-    fn copy_as_delivered(&self, d: &Delivery, target: &str) -> Outbound {
-        Outbound {
-            exchange: String::new(),
-            routing_key: target.to_owned(),
-            mandatory: true,
-            properties: d.properties.clone(),
-            body: d.body.clone(),
-        }
-    }
 }
 
 const ACK: Settlement = Settlement::Ack { multiple: false };
@@ -443,34 +293,3 @@ const REQUEUE: Settlement = Settlement::Nack {
     multiple: false,
     requeue: true,
 };
-
-/// The family's consume metrics of one consumer, one series set per message type.
-#[derive(Debug)]
-pub(crate) struct ConsumerMetrics {
-    queue: Arc<str>,
-    by_type: std::sync::Mutex<HashMap<String, Arc<ConsumeMetrics>>>,
-}
-
-impl ConsumerMetrics {
-    pub(crate) fn new(queue: Arc<str>) -> Self {
-        ConsumerMetrics {
-            queue,
-            by_type: std::sync::Mutex::new(HashMap::new()),
-        }
-    }
-
-    pub(crate) fn for_type(&self, message_type: &str) -> Arc<ConsumeMetrics> {
-        let mut map = self.by_type.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(m) = map.get(message_type) {
-            return m.clone();
-        }
-        let m = Arc::new(ConsumeMetrics::new(&*self.queue, message_type));
-        map.insert(message_type.to_owned(), m.clone());
-        m
-    }
-
-    /// Series for events not tied to one message type (set-aside failures, missing rungs).
-    fn any(&self) -> Arc<ConsumeMetrics> {
-        self.for_type("")
-    }
-}

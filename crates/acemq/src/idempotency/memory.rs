@@ -171,9 +171,7 @@ impl InMemoryIdempotencyStore {
     fn lock(&self) -> MutexGuard<'_, Inner> {
         // A panic while holding the lock cannot leave the maps half-updated in a way that
         // matters more than losing the store, so a poisoned lock is used as it is.
-        self.inner
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::util::lock(&self.inner)
     }
 
     fn check_key(key: &str) -> Result<(), StoreError> {

@@ -1,0 +1,486 @@
+//! The settlement rules (wire.md §5–§6), as pure functions: what happened to a delivery,
+//! its attempt and age, and the consumer's policy → one [`Decision`].
+//!
+//! Nothing here is async or does I/O; the only thing drawn from outside is the jitter of a
+//! consumer wait, from a random number generator the caller passes in. Carrying a decision
+//! out (publishing copies, acking) is the job of `consume::settle`.
+
+use std::time::Duration;
+
+use rand::Rng;
+
+use super::handler::{HandlerError, Kind};
+use crate::envelope::Envelope;
+use crate::retry::{RetryPolicy, Wait};
+use crate::topology::render_delay;
+
+/// Reason texts are cut to this many bytes (with a marker) so a republish never outgrows
+/// the broker's frame size.
+pub const MAX_REASON_BYTES: usize = 4096;
+
+/// The default wait between attempts when a consumer has no retry policy (seed 000:
+/// "retried after a fixed delay, forever").
+pub const DEFAULT_RETRY_DELAY_WITHOUT_POLICY: Duration = Duration::from_secs(5);
+
+/// What happened to a delivery before settlement.
+#[derive(Debug)]
+pub(crate) enum Outcome {
+    /// The handler returned Ok.
+    Handled,
+    /// The handler failed (or panicked, or an interceptor refused it).
+    Failed(HandlerError),
+    /// The body could not be decoded.
+    Undecodable(String),
+    /// The idempotency store says this id was handled (confirmed): ack, don't run.
+    Duplicate,
+    /// The idempotency store says another consumer holds a live claim on this id.
+    InProgress,
+}
+
+/// Why a message goes to `{q}.dlq`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeadLetterKind {
+    /// The policy gave up (attempts or age): outcome `dead_lettered`.
+    Exhausted,
+    /// The handler said it is unprocessable: outcome `rejected`.
+    Unprocessable,
+    /// The handler asked for it: outcome `dead_lettered`.
+    Requested,
+}
+
+/// The broker outcome chosen for one delivery.
+///
+/// ```
+/// use acemq::consume::Decision;
+/// assert_ne!(Decision::Ack, Decision::Release);
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum Decision {
+    /// basic.ack.
+    Ack,
+    /// Republish with the attempt advanced, after `wait`.
+    Retry(Wait),
+    /// Republish to `{q}.dlq` with the reason.
+    DeadLetter {
+        /// `x-acemq-error`.
+        reason: String,
+        /// Why.
+        kind: DeadLetterKind,
+    },
+    /// Republish the bytes as delivered to `{q}.parked` with the reason.
+    Park {
+        /// `x-acemq-error`.
+        reason: String,
+    },
+    /// Hand back with requeue; no attempt spent.
+    Release,
+    /// Acked without running the handler: the id was already handled.
+    Duplicate,
+    /// Someone else is working on it: wait, then republish to the same queue with the
+    /// attempt unchanged (no attempt spent, never dead-lettered).
+    InProgress(Duration),
+}
+
+/// A consumer's settlement rules: its policy and the two waits that are not the policy's.
+#[derive(Clone, Debug)]
+pub(crate) struct Rules {
+    /// The retry policy (`None`: retry every `no_policy_delay`, forever).
+    pub(crate) policy: Option<RetryPolicy>,
+    /// The wait between attempts without a policy.
+    pub(crate) no_policy_delay: Duration,
+    /// The wait before republishing a delivery claimed elsewhere.
+    pub(crate) in_progress_delay: Duration,
+}
+
+/// What the rules read from a delivery's envelope: its attempt (1 for the first delivery)
+/// and its age since the first publish (`None` when unknown).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Facts {
+    pub(crate) attempt: u32,
+    pub(crate) age: Option<Duration>,
+}
+
+impl Facts {
+    /// Reads the attempt and age (now minus first-seen) of an envelope.
+    pub(crate) fn of(envelope: &Envelope) -> Facts {
+        Facts {
+            attempt: u32::try_from(envelope.attempt()).unwrap_or(1),
+            age: envelope.age(),
+        }
+    }
+}
+
+/// Decides a delivery's fate from what happened, its attempt and age, and the rules.
+pub(crate) fn decide<R: Rng + ?Sized>(
+    outcome: &Outcome,
+    facts: Facts,
+    rules: &Rules,
+    rng: &mut R,
+) -> Decision {
+    match outcome {
+        Outcome::Handled => Decision::Ack,
+        Outcome::Duplicate => Decision::Duplicate,
+        Outcome::InProgress => Decision::InProgress(rules.in_progress_delay),
+        Outcome::Undecodable(e) => Decision::Park {
+            reason: bounded(format!("could not be decoded: {e}")),
+        },
+        Outcome::Failed(err) => match err.kind {
+            Kind::Retry => failure(
+                &err.reason,
+                facts,
+                rules.policy.as_ref(),
+                rules.no_policy_delay,
+                rng,
+            ),
+            Kind::Fatal => Decision::DeadLetter {
+                reason: bounded(format!(
+                    "the handler reported an unprocessable message: {}",
+                    err.reason
+                )),
+                kind: DeadLetterKind::Unprocessable,
+            },
+            Kind::DeadLetter => Decision::DeadLetter {
+                reason: bounded(format!(
+                    "the handler dead-lettered the message: {}",
+                    err.reason
+                )),
+                kind: DeadLetterKind::Requested,
+            },
+            Kind::Park => Decision::Park {
+                reason: bounded(format!("the handler parked the message: {}", err.reason)),
+            },
+            Kind::Release => Decision::Release,
+        },
+    }
+}
+
+/// The policy's answer to an ordinary failure: retry after a wait, or dead-letter with the
+/// family's reason text. Without a policy: retry after `no_policy_delay`, forever. The
+/// attempt and age are the envelope's (its age read against the clock now).
+///
+/// ```
+/// use acemq::consume::{decide_failure, Decision, DeadLetterKind};
+/// use acemq::envelope::Envelope;
+/// use acemq::retry::RetryPolicy;
+/// let policy = RetryPolicy::none();
+/// let d = decide_failure("boom", &Envelope::new("t"), Some(&policy), std::time::Duration::from_secs(5));
+/// assert_eq!(d, Decision::DeadLetter { reason: "exhausted 1 attempts: boom".into(), kind: DeadLetterKind::Exhausted });
+/// ```
+pub fn decide_failure(
+    error: &str,
+    envelope: &Envelope,
+    policy: Option<&RetryPolicy>,
+    no_policy_delay: Duration,
+) -> Decision {
+    failure(
+        error,
+        Facts::of(envelope),
+        policy,
+        no_policy_delay,
+        &mut rand::rng(),
+    )
+}
+
+fn failure<R: Rng + ?Sized>(
+    error: &str,
+    Facts { attempt, age }: Facts,
+    policy: Option<&RetryPolicy>,
+    no_policy_delay: Duration,
+    rng: &mut R,
+) -> Decision {
+    let Some(policy) = policy else {
+        return Decision::Retry(Wait {
+            delay: no_policy_delay,
+            in_broker: false,
+        });
+    };
+    if let Some(wait) = policy.next_wait_with(rng, attempt, age) {
+        return Decision::Retry(wait);
+    }
+    let reason = if attempt >= policy.max_attempts() {
+        format!("exhausted {attempt} attempts: {error}")
+    } else {
+        format!(
+            "exceeded the maximum message age of {}: {error}",
+            render_delay(policy.max_message_age())
+        )
+    };
+    Decision::DeadLetter {
+        reason: bounded(reason),
+        kind: DeadLetterKind::Exhausted,
+    }
+}
+
+/// Cuts a reason to [`MAX_REASON_BYTES`] on a character boundary, with a marker.
+///
+/// ```
+/// let long = "x".repeat(1_000_000);
+/// let cut = acemq::consume::bounded(long);
+/// assert!(cut.len() <= acemq::consume::MAX_REASON_BYTES);
+/// assert!(cut.ends_with("[truncated]"));
+/// ```
+pub fn bounded(reason: String) -> String {
+    const MARKER: &str = "... [truncated]";
+    if reason.len() <= MAX_REASON_BYTES {
+        return reason;
+    }
+    let mut end = MAX_REASON_BYTES - MARKER.len();
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{MARKER}", &reason[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    //! The rules as a table: no broker, no runtime, no clock (attempt and age are inputs,
+    //! the jitter generator is seeded and the policies used here have none anyway).
+
+    use super::*;
+    use rand::SeedableRng;
+    use rand::rngs::StdRng;
+
+    const S: fn(u64) -> Duration = Duration::from_secs;
+
+    fn retry_in_consumer(secs: u64) -> Decision {
+        Decision::Retry(Wait {
+            delay: S(secs),
+            in_broker: false,
+        })
+    }
+
+    fn retry_in_broker(secs: u64) -> Decision {
+        Decision::Retry(Wait {
+            delay: S(secs),
+            in_broker: true,
+        })
+    }
+
+    fn dead_letter(reason: &str, kind: DeadLetterKind) -> Decision {
+        Decision::DeadLetter {
+            reason: reason.into(),
+            kind,
+        }
+    }
+
+    fn failed(e: HandlerError) -> impl Fn() -> Outcome {
+        let (kind, reason) = (e.kind, e.reason);
+        move || {
+            Outcome::Failed(HandlerError {
+                kind,
+                reason: reason.clone(),
+            })
+        }
+    }
+
+    #[test]
+    fn the_settlement_rules_as_a_table() {
+        let fixed_1s = RetryPolicy::fixed(3, S(1)).unwrap();
+        let fixed_60s = RetryPolicy::fixed(3, S(60)).unwrap();
+        let aged = RetryPolicy::fixed(5, S(1)).unwrap().give_up_after(S(10));
+        let none = RetryPolicy::none();
+        type Make = Box<dyn Fn() -> Outcome>;
+        // (what happened, attempt, age, policy, expected decision)
+        type Row<'a> = (
+            Make,
+            u32,
+            Option<Duration>,
+            Option<&'a RetryPolicy>,
+            Decision,
+        );
+        let table: Vec<Row<'_>> = vec![
+            (
+                Box::new(|| Outcome::Handled),
+                1,
+                None,
+                Some(&fixed_1s),
+                Decision::Ack,
+            ),
+            (
+                Box::new(|| Outcome::Handled),
+                9,
+                Some(S(99)),
+                Some(&aged),
+                Decision::Ack,
+            ),
+            (
+                Box::new(|| Outcome::Duplicate),
+                1,
+                None,
+                None,
+                Decision::Duplicate,
+            ),
+            (
+                Box::new(|| Outcome::InProgress),
+                3,
+                None,
+                Some(&fixed_1s),
+                Decision::InProgress(S(7)),
+            ),
+            (
+                Box::new(|| Outcome::Undecodable("bad json".into())),
+                1,
+                None,
+                Some(&fixed_1s),
+                Decision::Park {
+                    reason: "could not be decoded: bad json".into(),
+                },
+            ),
+            // Ordinary failures: the policy decides.
+            (
+                Box::new(failed(HandlerError::retry("boom"))),
+                1,
+                None,
+                None,
+                retry_in_consumer(5),
+            ),
+            (
+                Box::new(failed(HandlerError::retry("boom"))),
+                1000,
+                Some(S(1 << 30)),
+                None,
+                retry_in_consumer(5),
+            ),
+            (
+                Box::new(failed(HandlerError::retry("boom"))),
+                1,
+                None,
+                Some(&fixed_1s),
+                retry_in_consumer(1),
+            ),
+            (
+                Box::new(failed(HandlerError::retry("boom"))),
+                2,
+                None,
+                Some(&fixed_60s),
+                retry_in_broker(60),
+            ),
+            (
+                Box::new(failed(HandlerError::retry("boom"))),
+                3,
+                None,
+                Some(&fixed_1s),
+                dead_letter("exhausted 3 attempts: boom", DeadLetterKind::Exhausted),
+            ),
+            (
+                Box::new(failed(HandlerError::retry("boom"))),
+                2,
+                Some(S(9)),
+                Some(&aged),
+                retry_in_consumer(1),
+            ),
+            (
+                Box::new(failed(HandlerError::retry("boom"))),
+                2,
+                Some(S(11)),
+                Some(&aged),
+                dead_letter(
+                    "exceeded the maximum message age of 10s: boom",
+                    DeadLetterKind::Exhausted,
+                ),
+            ),
+            (
+                Box::new(failed(HandlerError::retry("boom"))),
+                1,
+                None,
+                Some(&none),
+                dead_letter("exhausted 1 attempts: boom", DeadLetterKind::Exhausted),
+            ),
+            // What the handler asked for, whatever the policy.
+            (
+                Box::new(failed(HandlerError::fatal("no such sku"))),
+                1,
+                None,
+                Some(&fixed_1s),
+                dead_letter(
+                    "the handler reported an unprocessable message: no such sku",
+                    DeadLetterKind::Unprocessable,
+                ),
+            ),
+            (
+                Box::new(failed(HandlerError::dead_letter("stop"))),
+                1,
+                None,
+                None,
+                dead_letter(
+                    "the handler dead-lettered the message: stop",
+                    DeadLetterKind::Requested,
+                ),
+            ),
+            (
+                Box::new(failed(HandlerError::park("later"))),
+                2,
+                None,
+                Some(&fixed_1s),
+                Decision::Park {
+                    reason: "the handler parked the message: later".into(),
+                },
+            ),
+            (
+                Box::new(failed(HandlerError::release())),
+                3,
+                None,
+                Some(&fixed_1s),
+                Decision::Release,
+            ),
+        ];
+        let mut rng = StdRng::seed_from_u64(7);
+        for (i, (outcome, attempt, age, policy, expected)) in table.into_iter().enumerate() {
+            let rules = Rules {
+                policy: policy.cloned(),
+                no_policy_delay: S(5),
+                in_progress_delay: S(7),
+            };
+            let got = decide(&outcome(), Facts { attempt, age }, &rules, &mut rng);
+            assert_eq!(
+                got, expected,
+                "row {i}: attempt {attempt}, age {age:?}, policy {policy:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn every_reason_is_bounded() {
+        let huge = "x".repeat(100_000);
+        let rules = Rules {
+            policy: Some(RetryPolicy::none()),
+            no_policy_delay: S(5),
+            in_progress_delay: S(5),
+        };
+        let mut rng = StdRng::seed_from_u64(1);
+        let facts = Facts {
+            attempt: 1,
+            age: None,
+        };
+        for e in [
+            HandlerError::retry(&huge),
+            HandlerError::fatal(&huge),
+            HandlerError::dead_letter(&huge),
+            HandlerError::park(&huge),
+        ] {
+            match decide(&Outcome::Failed(e), facts, &rules, &mut rng) {
+                Decision::DeadLetter { reason, .. } | Decision::Park { reason } => {
+                    assert!(reason.len() <= MAX_REASON_BYTES, "{}", reason.len());
+                    assert!(reason.ends_with("... [truncated]"));
+                }
+                other => panic!("expected a move with a reason, got {other:?}"),
+            }
+        }
+        let parked = decide(&Outcome::Undecodable(huge), facts, &rules, &mut rng);
+        assert!(matches!(parked, Decision::Park { reason } if reason.len() <= MAX_REASON_BYTES));
+    }
+
+    #[test]
+    fn bounded_cuts_on_a_character_boundary() {
+        let short = "é".repeat(10);
+        assert_eq!(bounded(short.clone()), short);
+        let cut = bounded("é".repeat(MAX_REASON_BYTES));
+        assert!(cut.len() <= MAX_REASON_BYTES);
+        assert!(cut.ends_with("... [truncated]"));
+        assert_eq!(
+            bounded("a".repeat(MAX_REASON_BYTES)).len(),
+            MAX_REASON_BYTES
+        );
+    }
+}

@@ -1,0 +1,141 @@
+//! How a consumer behaves: [`ConsumerOptions`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::decide::{DEFAULT_RETRY_DELAY_WITHOUT_POLICY, Rules};
+use crate::idempotency::IdempotencyStore;
+use crate::retry::RetryPolicy;
+
+/// How long a delivery whose id is claimed elsewhere waits before it is republished.
+pub const DEFAULT_IN_PROGRESS_DELAY: Duration = Duration::from_secs(5);
+
+/// The default prefetch window.
+pub const DEFAULT_PREFETCH: u16 = 50;
+
+/// How a consumer behaves.
+///
+/// ```
+/// use acemq::consume::ConsumerOptions;
+/// use acemq::retry::RetryPolicy;
+/// use std::time::Duration;
+/// let o = ConsumerOptions::default()
+///     .prefetch(20)
+///     .concurrency(4)
+///     .retry(RetryPolicy::exponential(5, Duration::from_secs(1), Duration::from_secs(60)).unwrap())
+///     .in_progress_delay(Duration::from_secs(2));
+/// assert_eq!(o.prefetch_window(), 20);
+/// assert_eq!(o.retry_policy().unwrap().max_attempts(), 5);
+/// ```
+#[derive(Clone)]
+pub struct ConsumerOptions {
+    pub(super) prefetch: u16,
+    pub(super) concurrency: usize,
+    retry: Option<RetryPolicy>,
+    retry_delay_without_policy: Duration,
+    pub(super) idempotency: Option<Arc<dyn IdempotencyStore>>,
+    in_progress_delay: Duration,
+}
+
+impl std::fmt::Debug for ConsumerOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConsumerOptions")
+            .field("prefetch", &self.prefetch)
+            .field("concurrency", &self.concurrency)
+            .field("retry", &self.retry)
+            .field(
+                "retry_delay_without_policy",
+                &self.retry_delay_without_policy,
+            )
+            .field("idempotent", &self.idempotency.is_some())
+            .field("in_progress_delay", &self.in_progress_delay)
+            .finish()
+    }
+}
+
+impl Default for ConsumerOptions {
+    fn default() -> Self {
+        ConsumerOptions {
+            prefetch: DEFAULT_PREFETCH,
+            concurrency: 1,
+            retry: None,
+            retry_delay_without_policy: DEFAULT_RETRY_DELAY_WITHOUT_POLICY,
+            idempotency: None,
+            in_progress_delay: DEFAULT_IN_PROGRESS_DELAY,
+        }
+    }
+}
+
+impl ConsumerOptions {
+    /// The window of unacked deliveries (default 50, at least 1).
+    pub fn prefetch(mut self, n: u16) -> Self {
+        self.prefetch = n;
+        self
+    }
+    /// Handlers running at once (default 1; real parallel tasks when more).
+    pub fn concurrency(mut self, n: usize) -> Self {
+        self.concurrency = n;
+        self
+    }
+    /// The retry policy. Without one, a failing message is retried every 5 s, forever.
+    pub fn retry(mut self, policy: RetryPolicy) -> Self {
+        self.retry = Some(policy);
+        self
+    }
+    /// The retry policy (the former name of [`ConsumerOptions::retry`]).
+    #[deprecated(since = "0.1.1", note = "use `ConsumerOptions::retry`")]
+    pub fn with_retry(self, policy: RetryPolicy) -> Self {
+        self.retry(policy)
+    }
+    /// The delay between attempts when there is no policy (default 5 s).
+    pub fn retry_delay_without_policy(mut self, delay: Duration) -> Self {
+        self.retry_delay_without_policy = delay;
+        self
+    }
+    /// Deduplicates by envelope id through `store`: the handler runs only after a claim;
+    /// a confirmed id is acked without running it; an id another consumer is still
+    /// working on waits [`ConsumerOptions::in_progress_delay`] and is republished to
+    /// the queue with its attempt unchanged. See [`crate::idempotency`].
+    pub fn idempotent(mut self, store: impl IdempotencyStore) -> Self {
+        self.idempotency = Some(Arc::new(store));
+        self
+    }
+    /// How long a delivery whose id is claimed elsewhere waits before it is republished
+    /// (default 5 s; keep it well under the store's claim timeout).
+    pub fn in_progress_delay(mut self, delay: Duration) -> Self {
+        self.in_progress_delay = delay;
+        self
+    }
+    /// The former name of [`ConsumerOptions::in_progress_delay`].
+    #[deprecated(since = "0.1.1", note = "use `ConsumerOptions::in_progress_delay`")]
+    pub fn with_in_progress_delay(self, delay: Duration) -> Self {
+        self.in_progress_delay(delay)
+    }
+    /// The configured prefetch window.
+    pub fn prefetch_window(&self) -> u16 {
+        self.prefetch
+    }
+    /// The configured policy.
+    pub fn retry_policy(&self) -> Option<&RetryPolicy> {
+        self.retry.as_ref()
+    }
+    /// The configured prefetch (the former name of [`ConsumerOptions::prefetch_window`]).
+    #[deprecated(since = "0.1.1", note = "use `ConsumerOptions::prefetch_window`")]
+    pub fn get_prefetch(&self) -> u16 {
+        self.prefetch_window()
+    }
+    /// The configured policy (the former name of [`ConsumerOptions::retry_policy`]).
+    #[deprecated(since = "0.1.1", note = "use `ConsumerOptions::retry_policy`")]
+    pub fn get_retry(&self) -> Option<&RetryPolicy> {
+        self.retry_policy()
+    }
+
+    /// The settlement rules these options give.
+    pub(super) fn rules(&self) -> Rules {
+        Rules {
+            policy: self.retry.clone(),
+            no_policy_delay: self.retry_delay_without_policy,
+            in_progress_delay: self.in_progress_delay,
+        }
+    }
+}

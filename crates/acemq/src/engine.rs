@@ -1,0 +1,258 @@
+//! The engine: the state everything a [`Connection`](crate::Connection) hands out shares,
+//! and the operations they all build on.
+//!
+//! One [`Engine`] per connection, held as `Arc<Engine>` by the connection handle, every
+//! publisher, consumer (through its settler) and replay. It owns:
+//!
+//! - the transport and the origin (`{client}@{hostname}`) stamped on what it publishes;
+//! - the **confirm window**: a semaphore of publishes awaiting their confirm (default 1000
+//!   per connection), so memory stays flat under load;
+//! - **`publish_on_behalf`**, the one path every move the engine makes (retry hop, dead
+//!   letter, park, replay) goes through: mandatory, confirmed, never refused by a pause;
+//! - the copies those moves publish ([`copy_as_delivered`], [`Engine::copy_with`]);
+//! - declaring a topology, and a consumer's share of one (one loop for both);
+//! - the pause flag for publishing, the consumers' [`Lifecycle`], the interceptors and the
+//!   health registry, with the connection's health report built from them.
+//!
+//! Nothing here knows the façade: `connection.rs` sits on top and delegates down.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::envelope::{Envelope, origin_for};
+use crate::error::Error;
+use crate::health::{Health, HealthContributor, HealthRegistry, HealthReport, connection_report};
+use crate::intercept::Interceptors;
+use crate::lifecycle::{ABANDON_AFTER, Lifecycle};
+use crate::retry::RetryPolicy;
+use crate::topology::Topology;
+use crate::transport::{Confirmation, Delivery, Outbound, Transport, TransportError};
+
+/// The health component listing this connection's consumers.
+pub const CONSUMERS: &str = "consumers";
+
+/// State shared by everything a connection hands out, and what they all build on.
+pub(crate) struct Engine {
+    pub(crate) transport: Arc<dyn Transport>,
+    pub(crate) origin: String,
+    window: Arc<Semaphore>,
+    publishing_paused: AtomicBool,
+    pub(crate) lifecycle: Lifecycle,
+    pub(crate) interceptors: Interceptors,
+    health: HealthRegistry,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("transport", &self.transport.kind())
+            .field("origin", &self.origin)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Engine {
+    /// An engine over an open transport, stamping `{client_name}@{hostname}` and allowing
+    /// `max_outstanding_confirms` publishes to await their confirm at once.
+    pub(crate) fn new(
+        transport: Arc<dyn Transport>,
+        client_name: &str,
+        max_outstanding_confirms: usize,
+    ) -> Arc<Engine> {
+        Arc::new(Engine {
+            transport,
+            origin: origin_for(client_name),
+            window: Arc::new(Semaphore::new(max_outstanding_confirms)),
+            publishing_paused: AtomicBool::new(false),
+            lifecycle: Lifecycle::default(),
+            interceptors: Interceptors::default(),
+            health: HealthRegistry::new(),
+        })
+    }
+
+    // --- The confirm window -------------------------------------------------------------
+
+    /// Waits for a slot in the confirm window; [`Error::Closed`] once it is closed.
+    pub(crate) async fn acquire(&self) -> Result<OwnedSemaphorePermit, Error> {
+        self.window
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| Error::Closed)
+    }
+
+    /// A slot in the confirm window if one is free now.
+    pub(crate) fn try_acquire(&self) -> Option<OwnedSemaphorePermit> {
+        self.window.clone().try_acquire_owned().ok()
+    }
+
+    /// Whether user publishes are refused ([`Error::PublishingPaused`]).
+    pub(crate) fn publishing_paused(&self) -> bool {
+        self.publishing_paused.load(Ordering::SeqCst)
+    }
+
+    /// Pauses or resumes user publishes (moves made on someone's behalf go on).
+    pub(crate) fn set_publishing_paused(&self, paused: bool) {
+        self.publishing_paused.store(paused, Ordering::SeqCst);
+    }
+
+    // --- Moves made on a caller's behalf ------------------------------------------------
+
+    /// Publishes a message the engine moves on a caller's behalf (retry hop, dead letter,
+    /// park, replay): always mandatory and confirmed, never refused by a publishing pause.
+    /// Returns the broker's confirmation so the caller can ack the original only when the
+    /// copy was confirmed *and routed*.
+    pub(crate) async fn publish_on_behalf(
+        &self,
+        mut outbound: Outbound,
+    ) -> Result<Confirmation, TransportError> {
+        outbound.mandatory = true;
+        let _permit =
+            self.window
+                .clone()
+                .acquire_owned()
+                .await
+                .map_err(|_| TransportError::Closed {
+                    detail: "connection closed".into(),
+                })?;
+        self.transport.publish(outbound).await?.await
+    }
+
+    /// A copy of `d` for `target` through the default exchange: everything as delivered,
+    /// then the envelope fields rewritten from `envelope` (this engine's origin stamped
+    /// when it has none) and `message_id` set to its id.
+    pub(crate) fn copy_with(&self, d: &Delivery, target: &str, envelope: &Envelope) -> Outbound {
+        let mut copy = copy_as_delivered(d, target);
+        envelope.write(&mut copy.properties.headers, &self.origin);
+        copy.properties.message_id = Some(envelope.id().to_owned());
+        copy
+    }
+
+    // --- Topology -----------------------------------------------------------------------
+
+    /// Declares every exchange, queue and binding of a topology, in that order.
+    pub(crate) async fn declare(&self, topology: &Topology) -> Result<(), Error> {
+        self.declare_items(topology, |_, e| e.into()).await
+    }
+
+    /// Declares what a consumer of `queue` needs (`acemq.dlx`, `{q}.dlq`, `{q}.parked`, the
+    /// rungs of a policy with broker waits; never the source queue); refuses, naming the
+    /// item, when it cannot.
+    pub(crate) async fn declare_for_consumer(
+        &self,
+        queue: &str,
+        policy: Option<&RetryPolicy>,
+    ) -> Result<(), Error> {
+        let topology = Topology::for_consumer(queue, policy);
+        self.declare_items(&topology, |item, source| Error::ConsumerTopology {
+            queue: queue.to_owned(),
+            item,
+            source,
+        })
+        .await
+    }
+
+    /// The one declare loop: exchanges, queues, bindings, in that order; the first failure
+    /// becomes `refused(item, error)`.
+    async fn declare_items(
+        &self,
+        topology: &Topology,
+        refused: impl Fn(String, TransportError) -> Error,
+    ) -> Result<(), Error> {
+        let t = &self.transport;
+        for e in topology.exchanges() {
+            t.declare_exchange(e)
+                .await
+                .map_err(|s| refused(format!("exchange {}", e.name), s))?;
+        }
+        for q in topology.queues() {
+            t.declare_queue(q)
+                .await
+                .map_err(|s| refused(format!("queue {}", q.name), s))?;
+        }
+        for b in topology.bindings() {
+            t.bind_queue(b).await.map_err(|s| {
+                refused(
+                    format!("binding {} <- {} ({})", b.queue, b.exchange, b.routing_key),
+                    s,
+                )
+            })?;
+        }
+        Ok(())
+    }
+
+    // --- Health -------------------------------------------------------------------------
+
+    /// The connection's health from local state only: the transport's status, handler
+    /// counts and pauses, the consumers, and every registered contributor.
+    pub(crate) fn health(&self) -> Health {
+        let lifecycle = &self.lifecycle;
+        let mut extra = vec![
+            ("transport", self.transport.kind().to_owned()),
+            ("inFlight", lifecycle.in_flight().to_string()),
+            ("held", lifecycle.held().to_string()),
+        ];
+        if lifecycle.consuming_paused() {
+            extra.push(("consuming", "paused".into()));
+        }
+        if self.publishing_paused() {
+            extra.push(("publishing", "paused".into()));
+        }
+        let stopped = lifecycle.stopped_consumers();
+        let mut consumers = if stopped.is_empty() {
+            HealthReport::up(CONSUMERS)
+        } else {
+            HealthReport::degraded(CONSUMERS)
+        };
+        consumers = consumers.with_detail("running", lifecycle.running_consumers().to_string());
+        for (queue, reason) in stopped {
+            consumers = consumers.with_detail(format!("stopped.{queue}"), reason);
+        }
+        self.health.evaluate_with([
+            connection_report(&self.transport.status(), &extra),
+            consumers,
+        ])
+    }
+
+    /// Adds a component to the health report.
+    pub(crate) fn register_health(&self, contributor: Arc<dyn HealthContributor>) {
+        self.health.register(contributor);
+    }
+
+    // --- Draining and closing -----------------------------------------------------------
+
+    /// Pauses consuming and waits for running handlers; `false` when `timeout` passed first.
+    pub(crate) async fn drain_consumers(&self, timeout: Duration) -> bool {
+        self.lifecycle.set_paused(true);
+        self.lifecycle.wait_idle(timeout).await
+    }
+
+    /// Shuts the consumers (up to [`ABANDON_AFTER`] for running handlers), then closes the
+    /// transport.
+    pub(crate) async fn close_now(&self) -> Result<(), Error> {
+        let finished = self.lifecycle.shut_consumers(ABANDON_AFTER).await;
+        if !finished {
+            tracing::warn!(
+                in_flight = self.lifecycle.in_flight(),
+                "closing with handlers still running; they are abandoned and their messages will be redelivered"
+            );
+        }
+        self.transport.close().await?;
+        Ok(())
+    }
+}
+
+/// A copy of `d` for `target` through the default exchange, exactly as delivered (body,
+/// properties and every header), mandatory.
+pub(crate) fn copy_as_delivered(d: &Delivery, target: &str) -> Outbound {
+    Outbound {
+        exchange: String::new(),
+        routing_key: target.to_owned(),
+        mandatory: true,
+        properties: d.properties.clone(),
+        body: d.body.clone(),
+    }
+}
