@@ -18,8 +18,6 @@ pub const CONSUMERS: &str = "consumers";
 use crate::intercept::Interceptors;
 use crate::lifecycle::Lifecycle;
 use crate::topology::Topology;
-use crate::transport::amqp::AmqpTransport;
-use crate::transport::memory::MemoryTransport;
 use crate::transport::{Transport, TransportStatus};
 
 /// The default window of publishes awaiting their confirm, per connection.
@@ -124,21 +122,7 @@ impl Connection {
 
     /// Connects with options.
     pub async fn connect_with(url: &str, options: ConnectionOptions) -> Result<Connection, Error> {
-        let transport: Arc<dyn Transport> = if let Some(name) = url.strip_prefix("memory://") {
-            if name.is_empty() {
-                return Err(Error::Config(
-                    "memory:// needs a broker name, e.g. memory://orders".into(),
-                ));
-            }
-            Arc::new(MemoryTransport::connect(name))
-        } else if url.starts_with("amqp://") || url.starts_with("amqps://") {
-            Arc::new(AmqpTransport::connect(url).await?)
-        } else {
-            return Err(Error::Config(format!(
-                "unsupported URL {:?}: use amqp://, amqps:// or memory://name",
-                redact(url)
-            )));
-        };
+        let transport = crate::transport::connect(url).await?;
         Ok(Self::with_transport(transport, options))
     }
 
@@ -273,12 +257,5 @@ impl Connection {
     /// Publishing works again.
     pub fn resume_publishing(&self) {
         self.shared.publishing_paused.store(false, Ordering::SeqCst);
-    }
-}
-
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => format!("{}://***{}", &url[..s], &url[at..]),
-        _ => url.to_owned(),
     }
 }
