@@ -253,7 +253,7 @@ impl<T: ?Sized + 'static> Publisher<T> {
     /// it must arrive, send it again with the same id ([`SendOptions::message_id`]) so
     /// consumers can drop the duplicate. Prefer the transport's own bound (on RabbitMQ,
     /// `AmqpOptions::confirm_timeout`, 30 s by default): it fails with
-    /// [`TransportError::ConfirmTimeout`](crate::transport::TransportError::ConfirmTimeout)
+    /// [`ConfirmTimeout`](crate::transport::TransportError::ConfirmTimeout)
     /// (also in doubt), keeps tracking the late confirm, and the publish metric and span
     /// record the outcome, which a dropped `send` does not.
     pub async fn send(&self, payload: &T) -> Result<PublishResult, Error> {
