@@ -5,7 +5,8 @@
 //! The cases are written for RabbitMQ 3.10's behaviour: routing through every exchange
 //! type, mandatory returns, prefetch, requeue, dead-lettering with `x-death`, cancel and
 //! close, basic.get, TTLs and head-only expiry, argument equivalence (406), quorum queues,
-//! server-named queues, passive inspection (404). Each case uses fresh names and deletes
+//! server-named queues, passive inspection (404), `x-death` counting, quorum delivery
+//! counts, exclusive queues (405). Each case uses fresh names and deletes
 //! what it declared, so cases can share a broker and run in parallel.
 //!
 //! A case is handed a [`Target`]: something that opens a fresh [`Transport`] to one broker
@@ -46,6 +47,7 @@
 //! ```
 
 pub mod delivery;
+pub mod edges;
 mod helpers;
 pub mod queues;
 pub mod routing;
@@ -139,7 +141,7 @@ impl Target {
 pub struct Case {
     /// The case's name: its function's, e.g. `default_exchange_routes_by_queue_name`.
     pub name: &'static str,
-    /// The module it is in: `routing`, `delivery` or `queues`.
+    /// The module it is in: `routing`, `delivery`, `queues` or `edges`.
     pub group: &'static str,
     run: fn(Target) -> BoxFuture<'static, ()>,
 }
@@ -194,6 +196,10 @@ pub const CASES: &[Case] = &[
     case!(queues::an_empty_name_gets_a_server_generated_queue),
     case!(queues::passive_inspection_of_missing_things_is_not_found),
     case!(queues::purge_and_delete_report_ready_counts),
+    case!(edges::rejecting_into_the_same_queue_counts_up_x_death),
+    case!(edges::dead_lettering_to_a_missing_exchange_drops_the_message),
+    case!(edges::quorum_queues_count_redeliveries),
+    case!(edges::exclusive_queues_belong_to_their_connection),
 ];
 
 /// Runs every case on `target` in turn; each starts even when an earlier one failed.
@@ -318,6 +324,10 @@ macro_rules! transport_conformance_tests {
             an_empty_name_gets_a_server_generated_queue,
             passive_inspection_of_missing_things_is_not_found,
             purge_and_delete_report_ready_counts,
+            rejecting_into_the_same_queue_counts_up_x_death,
+            dead_lettering_to_a_missing_exchange_drops_the_message,
+            quorum_queues_count_redeliveries,
+            exclusive_queues_belong_to_their_connection,
         );
     };
     (@cases $target:expr; $($case:ident,)*) => {
@@ -340,11 +350,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn there_are_25_cases_with_distinct_names() {
+    fn there_are_29_cases_with_distinct_names() {
         let mut names: Vec<&str> = CASES.iter().map(|c| c.name).collect();
         names.sort_unstable();
         names.dedup();
-        assert_eq!(names.len(), 25);
+        assert_eq!(names.len(), 29);
     }
 
     #[test]
