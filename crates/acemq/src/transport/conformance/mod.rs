@@ -6,8 +6,8 @@
 //! type, mandatory returns, prefetch, requeue, dead-lettering with `x-death`, cancel and
 //! close, basic.get, TTLs and head-only expiry, argument equivalence (406), quorum queues,
 //! server-named queues, passive inspection (404), `x-death` counting, quorum delivery
-//! counts, exclusive queues (405). Each case uses fresh names and deletes
-//! what it declared, so cases can share a broker and run in parallel.
+//! counts, exclusive queues (405). Each case uses fresh names and deletes what it declared,
+//! so cases can share a broker and run in parallel.
 //!
 //! A case is handed a [`Target`]: something that opens a fresh [`Transport`] to one broker
 //! (some cases open a second connection, or a new one after the broker closed a channel).
@@ -19,7 +19,8 @@
 //!   per case in your test file (each case is its own test, so failures are reported by
 //!   name);
 //! * [`run_all`]: every case in turn, failures collected and reported together;
-//! * one case alone: [`CASES`] or the function itself, e.g. [`routing::default_exchange_routes_by_queue_name`].
+//! * one case alone: [`Case::run`] from [`CASES`], or the function itself, e.g.
+//!   [`routing::default_exchange_routes_by_queue_name`].
 //!
 //! ```
 //! use acemq::transport::conformance::{Target, run_all};
@@ -38,12 +39,13 @@
 //! In a test file (`tests/conformance.rs`), with `acemq = { ..., features = ["testing"] }`
 //! among the dev-dependencies:
 //!
-//! ```ignore
+//! ```
 //! mod mine {
 //!     // An expression of type `Target` or `Option<Target>` (`None` skips, e.g. when a
 //!     // broker is not configured), evaluated once per test.
 //!     acemq::transport_conformance_tests!(acemq::transport::conformance::Target::memory());
 //! }
+//! # fn main() {}
 //! ```
 
 pub mod delivery;
@@ -285,7 +287,7 @@ pub fn assert_every_case(generated: &[&str]) {
 /// this list and [`CASES`](crate::transport::conformance::CASES) ever differ. Needs the
 /// `testing` feature.
 ///
-/// ```ignore
+/// ```
 /// mod memory {
 ///     acemq::transport_conformance_tests!(acemq::transport::conformance::Target::memory());
 /// }
@@ -294,6 +296,7 @@ pub fn assert_every_case(generated: &[&str]) {
 ///         std::env::var("AMQP_URL").ok().map(acemq::transport::conformance::Target::url)
 ///     );
 /// }
+/// # fn main() {}
 /// ```
 #[macro_export]
 macro_rules! transport_conformance_tests {
