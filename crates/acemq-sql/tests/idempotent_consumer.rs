@@ -487,7 +487,7 @@ async fn a_killed_consumer_leaves_a_claim_that_a_second_consumer_takes_over() {
     let h = handled.clone();
     let options = ConsumerOptions::default()
         .idempotent(parent_store)
-        .with_in_progress_delay(Duration::from_millis(200));
+        .in_progress_delay(Duration::from_millis(200));
     let consumer = mq
         .consume(&queue, options, move |m: Message<u32>| {
             let h = h.clone();

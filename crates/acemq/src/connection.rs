@@ -27,8 +27,6 @@ use crate::lifecycle::DEFAULT_DRAIN_TIMEOUT;
 use crate::publish::{PublishResult, Publisher};
 use crate::replay::Replay;
 use crate::topology::Topology;
-use crate::transport::amqp::AmqpTransport;
-use crate::transport::memory::MemoryTransport;
 use crate::transport::{Outbound, Transport, TransportStatus};
 
 pub use crate::engine::CONSUMERS;
@@ -126,21 +124,7 @@ impl Connection {
 
     /// Connects with options.
     pub async fn connect_with(url: &str, options: ConnectionOptions) -> Result<Connection, Error> {
-        let transport: Arc<dyn Transport> = if let Some(name) = url.strip_prefix("memory://") {
-            if name.is_empty() {
-                return Err(Error::Config(
-                    "memory:// needs a broker name, e.g. memory://orders".into(),
-                ));
-            }
-            Arc::new(MemoryTransport::connect(name))
-        } else if url.starts_with("amqp://") || url.starts_with("amqps://") {
-            Arc::new(AmqpTransport::connect(url).await?)
-        } else {
-            return Err(Error::Config(format!(
-                "unsupported URL {:?}: use amqp://, amqps:// or memory://name",
-                redact(url)
-            )));
-        };
+        let transport = crate::transport::connect(url).await?;
         Ok(Self::with_transport(transport, options))
     }
 
@@ -416,12 +400,5 @@ impl Connection {
     /// the connection closes anyway. An abandoned handler's late ack is dropped.
     pub async fn close_now(&self) -> Result<(), Error> {
         self.engine.close_now().await
-    }
-}
-
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => format!("{}://***{}", &url[..s], &url[at..]),
-        _ => url.to_owned(),
     }
 }

@@ -222,6 +222,19 @@ impl<T: ?Sized + 'static> Publisher<T> {
     }
 
     /// Publishes one message and waits for the broker's confirm.
+    ///
+    /// **Wrapping it in a timeout** (`tokio::time::timeout(d, publisher.send(&p))`) is
+    /// safe: dropping the future leaves the connection and every other publish intact and
+    /// gives its place in the confirm window back. But when the timeout fires, the caller
+    /// knows nothing about this message: it may not have been written yet, or it was written
+    /// and the broker may or may not have it. Treat it as in doubt
+    /// ([`ErrorKind::InDoubt`](crate::error::ErrorKind::InDoubt)), never as "not sent": if
+    /// it must arrive, send it again with the same id ([`SendOptions::message_id`]) so
+    /// consumers can drop the duplicate. Prefer the transport's own bound (on RabbitMQ,
+    /// `AmqpOptions::confirm_timeout`, 30 s by default): it fails with
+    /// [`ConfirmTimeout`](crate::transport::TransportError::ConfirmTimeout)
+    /// (also in doubt), keeps tracking the late confirm, and the publish metric and span
+    /// record the outcome, which a dropped `send` does not.
     pub async fn send(&self, payload: &T) -> Result<PublishResult, Error> {
         self.send_with(payload, SendOptions::default()).await
     }

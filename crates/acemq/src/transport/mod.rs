@@ -2,10 +2,13 @@
 //!
 //! This module owns the broker-facing vocabulary: what a publish is ([`Outbound`]), what a
 //! confirm says ([`Confirmation`]), what a delivery is ([`Delivery`]) and how it is settled
-//! ([`Acker`], [`Settlement`]), and the [`Transport`] trait the engine calls. There are two
-//! implementations: [`amqp`] (RabbitMQ through lapin) and [`memory`] (a broker inside the
+//! ([`Acker`], [`Settlement`]), the [`Transport`] trait the engine calls, and [`connect`],
+//! which picks the transport for a URL. There are two implementations: `amqp` (RabbitMQ
+//! through lapin, behind the default `amqp` feature) and [`memory`] (a broker inside the
 //! process that is not kinder than RabbitMQ). Everything above this module is written
-//! against the trait only, so a behaviour proven on one is the behaviour of the other.
+//! against the trait only, so a behaviour proven on one is the behaviour of the other. With
+//! the `testing` feature, `conformance` holds the cases both pass, for a transport of your
+//! own.
 //!
 //! ```
 //! # async fn demo() -> Result<(), acemq::transport::TransportError> {
@@ -16,15 +19,22 @@
 //! # Ok(()) }
 //! ```
 
+#[cfg(feature = "amqp")]
 pub mod amqp;
+#[cfg(feature = "testing")]
+pub mod conformance;
+mod error;
 pub mod memory;
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use tokio::sync::watch;
 
+pub(crate) use self::error::check_short;
+pub use self::error::{Source, TransportError};
 use crate::headers::Headers;
 use crate::topology::{BindingDecl, ExchangeDecl, QueueDecl};
 
@@ -323,109 +333,109 @@ pub trait Transport: Send + Sync + 'static {
     fn close(&self) -> BoxFuture<'_, Result<(), TransportError>>;
 }
 
-/// What went wrong between the engine and the broker.
+/// Opens the transport a URL names: `amqp://` and `amqps://` reach RabbitMQ (feature `amqp`,
+/// on by default), `memory://name` the in-process broker called `name` (every transport
+/// opened on one name shares its queues).
+///
+/// A URL with another scheme, `memory://` without a name, or `amqp://` in a build without
+/// the `amqp` feature is an [`Error::Config`](crate::Error::Config) (its text never shows
+/// the URL's credentials); a broker that cannot be reached is an
+/// [`Error::Transport`](crate::Error::Transport).
 ///
 /// ```
-/// use acemq::transport::TransportError;
-/// let e = TransportError::PreconditionFailed { detail: "inequivalent arg 'x-message-ttl'".into() };
-/// assert!(e.is_precondition_failed());
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), acemq::Error> {
+/// let t = acemq::transport::connect("memory://doc-connect").await?;
+/// assert_eq!(t.kind(), "memory");
+/// t.close().await?;
+/// let e = acemq::transport::connect("http://user:secret@host/").await.err().unwrap();
+/// assert!(!e.to_string().contains("secret"), "{e}");
+/// # Ok(()) }
 /// ```
-#[derive(Debug, Clone, thiserror::Error)]
-#[non_exhaustive]
-pub enum TransportError {
-    /// 404: the exchange or queue does not exist.
-    #[error("not found: {detail}")]
-    NotFound {
-        /// The broker's text.
-        detail: String,
-    },
-    /// 406: it exists with different arguments or flags (or another precondition).
-    #[error("precondition failed: {detail}")]
-    PreconditionFailed {
-        /// The broker's text, naming the difference.
-        detail: String,
-    },
-    /// 403: the credentials may not do this.
-    #[error("access refused: {detail}; check the user's permissions on the vhost")]
-    AccessRefused {
-        /// The broker's text.
-        detail: String,
-    },
-    /// 405: an exclusive queue of another connection.
-    #[error("resource locked: {detail}")]
-    ResourceLocked {
-        /// The broker's text.
-        detail: String,
-    },
-    /// The publishing connection is blocked by a resource alarm; nothing was sent.
-    #[error(
-        "the broker has blocked this connection: {reason}; nothing was sent, try again once it unblocks"
-    )]
-    Blocked {
-        /// The broker's reason ("low on memory").
-        reason: String,
-    },
-    /// A settlement reached nothing (already settled, or the channel is gone): expect a
-    /// redelivery.
-    #[error(
-        "the settlement was not sent (delivery already settled or its channel closed); the broker will redeliver the message"
-    )]
-    AckNotSent,
-    /// The connection or channel is closed.
-    #[error("connection or channel closed: {detail}")]
-    Closed {
-        /// What closed it.
-        detail: String,
-    },
-    /// A name over AMQP's 255-byte limit, or otherwise unusable.
-    #[error("invalid name {name:?}: {reason}")]
-    InvalidName {
-        /// The name.
-        name: String,
-        /// Why.
-        reason: String,
-    },
-    /// The broker did not confirm in time; the publish is in doubt (it may still land).
-    #[error("no confirm within {millis} ms; the publish is in doubt and may still arrive")]
-    ConfirmTimeout {
-        /// The wait, in milliseconds.
-        millis: u64,
-    },
-    /// Not supported by this transport.
-    #[error("not supported: {0}")]
-    Unsupported(String),
-    /// Any other AMQP error, with its reply code.
-    #[error("AMQP error {code}: {detail}")]
-    Protocol {
-        /// Reply code.
-        code: u16,
-        /// Text.
-        detail: String,
-    },
-    /// A network or I/O failure.
-    #[error("I/O error: {0}")]
-    Io(String),
+pub async fn connect(url: &str) -> Result<Arc<dyn Transport>, crate::Error> {
+    if let Some(name) = url.strip_prefix("memory://") {
+        if name.is_empty() {
+            return Err(crate::Error::Config(
+                "memory:// needs a broker name, e.g. memory://orders".into(),
+            ));
+        }
+        return Ok(Arc::new(memory::MemoryTransport::connect(name)));
+    }
+    if url.starts_with("amqp://") || url.starts_with("amqps://") {
+        return connect_amqp(url).await;
+    }
+    Err(crate::Error::Config(format!(
+        "unsupported URL {:?}: use amqp://, amqps:// or memory://name",
+        redact(url)
+    )))
 }
 
-impl TransportError {
-    /// 406 PRECONDITION_FAILED.
-    pub fn is_precondition_failed(&self) -> bool {
-        matches!(self, TransportError::PreconditionFailed { .. })
-    }
+#[cfg(feature = "amqp")]
+async fn connect_amqp(url: &str) -> Result<Arc<dyn Transport>, crate::Error> {
+    Ok(Arc::new(amqp::AmqpTransport::connect(url).await?))
+}
 
-    /// 404 NOT_FOUND.
-    pub fn is_not_found(&self) -> bool {
-        matches!(self, TransportError::NotFound { .. })
+#[cfg(not(feature = "amqp"))]
+async fn connect_amqp(url: &str) -> Result<Arc<dyn Transport>, crate::Error> {
+    Err(crate::Error::Config(format!(
+        "{:?} needs the RabbitMQ transport, which this build left out: enable acemq's `amqp` feature (on by default; it is off with default-features = false)",
+        redact(url)
+    )))
+}
+
+/// The URL with its user and password replaced by `***`.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => format!("{}://***{}", &url[..s], &url[at..]),
+        _ => url.to_owned(),
     }
 }
 
-/// Checks a name against AMQP's short-string limit (255 bytes).
-pub(crate) fn check_short(name: &str) -> Result<(), TransportError> {
-    if name.len() > 255 {
-        return Err(TransportError::InvalidName {
-            name: name.chars().take(64).collect::<String>() + "...",
-            reason: format!("{} bytes; AMQP names are at most 255 bytes", name.len()),
-        });
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credentials_are_redacted() {
+        assert_eq!(redact("amqp://u:p@h:5672/v"), "amqp://***@h:5672/v");
+        assert_eq!(redact("memory://x"), "memory://x");
     }
-    Ok(())
+
+    #[tokio::test]
+    async fn schemes_pick_the_transport_or_say_what_is_accepted() {
+        let t = connect("memory://transport-connect").await.expect("memory");
+        assert_eq!(t.kind(), "memory");
+        let e = connect("memory://").await.err().expect("no name");
+        assert!(
+            matches!(e, crate::Error::Config(ref m) if m.contains("memory://orders")),
+            "{e}"
+        );
+        let e = connect("http://user:secret@host/")
+            .await
+            .err()
+            .expect("http");
+        let text = e.to_string();
+        assert!(
+            text.contains("amqp://, amqps:// or memory://name"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("secret") && text.contains("***@host"),
+            "{text}"
+        );
+    }
+
+    #[cfg(not(feature = "amqp"))]
+    #[tokio::test]
+    async fn amqp_without_the_feature_names_the_feature() {
+        let e = connect("amqp://guest:pw@localhost/")
+            .await
+            .err()
+            .expect("config");
+        let text = e.to_string();
+        assert!(matches!(e, crate::Error::Config(_)), "{e:?}");
+        assert!(
+            text.contains("`amqp` feature") && !text.contains("pw"),
+            "{text}"
+        );
+    }
 }

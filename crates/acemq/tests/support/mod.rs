@@ -13,7 +13,6 @@ use std::time::Duration;
 
 use acemq::Connection;
 use acemq::topology::{QueueDecl, retry_queue};
-use acemq::transport::amqp::AmqpTransport;
 use acemq::transport::memory::MemoryTransport;
 use acemq::transport::{Confirmation, ConsumeSpec, Delivery, Outbound, Properties, Transport};
 
@@ -47,11 +46,9 @@ impl Target {
     pub async fn transport(&self) -> Arc<dyn Transport> {
         match self {
             Target::Memory(name) => Arc::new(MemoryTransport::connect(name)),
-            Target::Amqp(url) => Arc::new(
-                AmqpTransport::connect(url)
-                    .await
-                    .unwrap_or_else(|e| panic!("cannot connect to RabbitMQ at {url}: {e}")),
-            ),
+            Target::Amqp(url) => acemq::transport::connect(url)
+                .await
+                .unwrap_or_else(|e| panic!("cannot connect to RabbitMQ at {url}: {e}")),
         }
     }
 }

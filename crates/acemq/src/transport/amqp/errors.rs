@@ -4,7 +4,7 @@
 //! (`NOT_FOUND - no queue 'x' in vhost '/'`); the code decides the variant and the text is
 //! kept verbatim, so a 406 names the argument that differs. Local state errors (an operation
 //! on a channel or connection that is already closed) become [`TransportError::Closed`],
-//! socket failures [`TransportError::Io`].
+//! socket failures [`TransportError::Io`], which keeps the lapin error as its `source()`.
 
 use lapin::ErrorKind;
 
@@ -42,16 +42,13 @@ pub(crate) fn from_lapin(error: lapin::Error) -> TransportError {
         ErrorKind::ProtocolError(amqp) => {
             from_reply(amqp.get_id(), amqp.get_message().as_str().to_owned())
         }
-        ErrorKind::IOError(_) | ErrorKind::RuntimeShutdownError(_) => {
-            TransportError::Io(error.to_string())
-        }
-        ErrorKind::MissingHeartbeatError => TransportError::Io(error.to_string()),
         ErrorKind::InvalidChannelState(..)
         | ErrorKind::InvalidConnectionState(_)
         | ErrorKind::InvalidChannel(_) => TransportError::Closed {
             detail: error.to_string(),
         },
-        _ => TransportError::Io(error.to_string()),
+        // Sockets, a missing heartbeat, a runtime shut down, and anything else lapin reports.
+        _ => TransportError::io(error),
     }
 }
 
@@ -94,6 +91,21 @@ mod tests {
             from_reply(541, String::new()),
             TransportError::Protocol { code: 541, .. }
         ));
+    }
+
+    #[test]
+    fn an_io_failure_keeps_the_lapin_error_as_its_source() {
+        use std::error::Error as _;
+        let lapin_error = lapin::Error::from(ErrorKind::MissingHeartbeatError);
+        let text = lapin_error.to_string();
+        let e = from_lapin(lapin_error);
+        assert!(
+            matches!(&e, TransportError::Io { detail, .. } if *detail == text),
+            "{e:?}"
+        );
+        let source = e.source().expect("a source");
+        assert!(source.is::<lapin::Error>(), "{source:?}");
+        assert_eq!(e.kind(), crate::error::ErrorKind::Transient);
     }
 
     #[test]

@@ -33,7 +33,9 @@
 //!   channel; its pending confirms are rejected with the broker's error. The publish whose
 //!   exchange the error names gets [`TransportError::NotFound`]; the others rejected with it
 //!   get [`TransportError::Closed`] (they were discarded, not refused). The next publish
-//!   sees the channel closed and opens a new one.
+//!   sees the channel closed and opens a new one. A written publish whose connection or
+//!   channel fails for any other reason before its confirm gets
+//!   [`TransportError::ConfirmLost`]: it is in doubt, like a timeout.
 //! * **Blocked connection.** A publish checks the blocked state first and is refused with
 //!   [`TransportError::Blocked`] while it is set (nothing is sent). RabbitMQ 3.10 sends
 //!   `connection.blocked` only when a connection publishes after the alarm went off, so the
@@ -59,6 +61,7 @@ use tracing::{debug, warn};
 
 use super::convert;
 use super::errors::{from_lapin, named_exchange};
+use crate::error::ErrorKind;
 use crate::transport::{Confirmation, Outbound, PendingConfirm, TransportError, TransportStatus};
 
 type Reply = oneshot::Sender<Result<Confirmation, TransportError>>;
@@ -209,8 +212,9 @@ impl Publisher {
         drop(guard);
         Ok(Box::pin(async move {
             answer.await.unwrap_or_else(|_| {
-                Err(TransportError::Closed {
+                Err(TransportError::ConfirmLost {
                     detail: "the publisher's confirm collector stopped before answering".into(),
+                    source: None,
                 })
             })
         }))
@@ -559,14 +563,17 @@ fn answer(batch: &mut Vec<Done>, returns: &mut Returns) {
 
 /// The error for a publish whose confirm was rejected. A channel close caused by another
 /// publish (its text names a different exchange) is reported as [`TransportError::Closed`]:
-/// this message was discarded with the channel, not refused.
+/// this message was discarded with the channel, not refused. A rejection that is not the
+/// broker refusing (the connection or channel went away under a written publish) is
+/// [`TransportError::ConfirmLost`]: the broker may or may not have it.
 fn rejected(error: lapin::Error, exchange: u64) -> TransportError {
     let mapped = from_lapin(error);
     let detail = match &mapped {
         TransportError::NotFound { detail }
         | TransportError::PreconditionFailed { detail }
         | TransportError::AccessRefused { detail } => detail,
-        _ => return mapped,
+        _ if mapped.kind() == ErrorKind::Refused => return mapped,
+        _ => return lost(mapped),
     };
     match named_exchange(detail) {
         Some(named) if exchange_tag(named) != exchange => TransportError::Closed {
@@ -576,5 +583,14 @@ fn rejected(error: lapin::Error, exchange: u64) -> TransportError {
             ),
         },
         _ => mapped,
+    }
+}
+
+/// A written publish whose connection or channel failed before its confirm: in doubt,
+/// keeping what failed as the source.
+fn lost(cause: TransportError) -> TransportError {
+    TransportError::ConfirmLost {
+        detail: cause.to_string(),
+        source: Some(std::sync::Arc::new(cause)),
     }
 }

@@ -1,0 +1,345 @@
+//! [`TransportError`]: what went wrong between the engine and a broker, with the
+//! [`ErrorKind`](crate::error::ErrorKind) a caller decides on.
+//!
+//! A failure that came from below (a socket, lapin) keeps that error as its
+//! [`source()`](std::error::Error::source), not only its text, so a caller can walk the chain
+//! or downcast it. Errors stay [`Clone`]: the source is shared behind an [`Arc`].
+
+use std::sync::Arc;
+
+use crate::error::ErrorKind;
+
+/// The underlying error a [`TransportError`] keeps as its source.
+pub type Source = Arc<dyn std::error::Error + Send + Sync + 'static>;
+
+/// What went wrong between the engine and the broker.
+///
+/// [`TransportError::kind`] sorts every variant into an [`ErrorKind`]; the table is on
+/// [`ErrorKind`].
+///
+/// ```
+/// use acemq::error::ErrorKind;
+/// use acemq::transport::TransportError;
+/// let e = TransportError::PreconditionFailed { detail: "inequivalent arg 'x-message-ttl'".into() };
+/// assert!(e.is_precondition_failed());
+/// assert_eq!(e.kind(), ErrorKind::Refused);
+/// ```
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum TransportError {
+    /// 404: the exchange or queue does not exist.
+    NotFound {
+        /// The broker's text.
+        detail: String,
+    },
+    /// 406: it exists with different arguments or flags (or another precondition).
+    PreconditionFailed {
+        /// The broker's text, naming the difference.
+        detail: String,
+    },
+    /// 403: the credentials may not do this.
+    AccessRefused {
+        /// The broker's text.
+        detail: String,
+    },
+    /// 405: an exclusive queue of another connection.
+    ResourceLocked {
+        /// The broker's text.
+        detail: String,
+    },
+    /// The publishing connection is blocked by a resource alarm; nothing was sent.
+    ///
+    /// Above the transport this surfaces as [`Error::Blocked`](crate::Error::Blocked) (the
+    /// conversion into [`crate::Error`] maps it), so a caller matches one variant.
+    Blocked {
+        /// The broker's reason ("low on memory").
+        reason: String,
+    },
+    /// A settlement reached nothing (already settled, or the channel is gone): expect a
+    /// redelivery.
+    AckNotSent,
+    /// The connection or channel is closed. For a publish this is said only when the
+    /// message was not handed to the broker (or was discarded by a channel close); a publish
+    /// that was written and then lost its connection is [`TransportError::ConfirmLost`].
+    Closed {
+        /// What closed it.
+        detail: String,
+    },
+    /// A name over AMQP's 255-byte limit, or otherwise unusable.
+    InvalidName {
+        /// The name.
+        name: String,
+        /// Why.
+        reason: String,
+    },
+    /// The broker did not confirm in time; the publish is in doubt (it may still land).
+    ConfirmTimeout {
+        /// The wait, in milliseconds.
+        millis: u64,
+    },
+    /// The publish was written, then its channel or connection went away before the broker
+    /// confirmed it: the publish is in doubt (the broker may or may not have it).
+    ConfirmLost {
+        /// What was lost.
+        detail: String,
+        /// The underlying failure, when there is one.
+        source: Option<Source>,
+    },
+    /// Not supported by this transport.
+    Unsupported(String),
+    /// Any other AMQP error, with its reply code.
+    Protocol {
+        /// Reply code.
+        code: u16,
+        /// Text.
+        detail: String,
+    },
+    /// A network or I/O failure (or another failure of the client library underneath).
+    Io {
+        /// What failed, as text.
+        detail: String,
+        /// The underlying error.
+        source: Source,
+    },
+}
+
+impl std::fmt::Display for TransportError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TransportError::NotFound { detail } => write!(f, "not found: {detail}"),
+            TransportError::PreconditionFailed { detail } => {
+                write!(f, "precondition failed: {detail}")
+            }
+            TransportError::AccessRefused { detail } => write!(
+                f,
+                "access refused: {detail}; check the user's permissions on the vhost"
+            ),
+            TransportError::ResourceLocked { detail } => write!(f, "resource locked: {detail}"),
+            TransportError::Blocked { reason } => write!(
+                f,
+                "the broker has blocked this connection: {reason}; nothing was sent, try again once it unblocks"
+            ),
+            TransportError::AckNotSent => f.write_str(
+                "the settlement was not sent (delivery already settled or its channel closed); the broker will redeliver the message",
+            ),
+            TransportError::Closed { detail } => {
+                write!(f, "connection or channel closed: {detail}")
+            }
+            TransportError::InvalidName { name, reason } => {
+                write!(f, "invalid name {name:?}: {reason}")
+            }
+            TransportError::ConfirmTimeout { millis } => write!(
+                f,
+                "no confirm within {millis} ms; the publish is in doubt and may still arrive"
+            ),
+            TransportError::ConfirmLost { detail, .. } => write!(
+                f,
+                "the connection was lost after the publish was written and before its confirm: {detail}; the publish is in doubt and may have arrived"
+            ),
+            TransportError::Unsupported(what) => write!(f, "not supported: {what}"),
+            TransportError::Protocol { code, detail } => write!(f, "AMQP error {code}: {detail}"),
+            TransportError::Io { detail, .. } => write!(f, "I/O error: {detail}"),
+        }
+    }
+}
+
+/// Written by hand rather than derived: the source is the underlying error itself (so it
+/// can be downcast), not the [`Arc`] that shares it.
+impl std::error::Error for TransportError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            TransportError::Io { source, .. } => Some(&**source),
+            TransportError::ConfirmLost {
+                source: Some(source),
+                ..
+            } => Some(&**source),
+            _ => None,
+        }
+    }
+}
+
+impl TransportError {
+    /// 406 PRECONDITION_FAILED.
+    pub fn is_precondition_failed(&self) -> bool {
+        matches!(self, TransportError::PreconditionFailed { .. })
+    }
+
+    /// 404 NOT_FOUND.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, TransportError::NotFound { .. })
+    }
+
+    /// A [`TransportError::Io`] keeping `source` as its [`source()`](std::error::Error::source);
+    /// the detail is its text.
+    ///
+    /// ```
+    /// use std::error::Error as _;
+    /// use acemq::transport::TransportError;
+    /// let e = TransportError::io(std::io::Error::other("connection reset"));
+    /// assert_eq!(e.to_string(), "I/O error: connection reset");
+    /// assert!(e.source().is_some_and(|s| s.is::<std::io::Error>()));
+    /// ```
+    pub fn io(source: impl std::error::Error + Send + Sync + 'static) -> TransportError {
+        TransportError::Io {
+            detail: source.to_string(),
+            source: Arc::new(source),
+        }
+    }
+
+    /// What a caller can do about it; the table is on [`ErrorKind`].
+    ///
+    /// ```
+    /// use acemq::error::ErrorKind;
+    /// use acemq::transport::TransportError;
+    /// assert_eq!(TransportError::ConfirmTimeout { millis: 30_000 }.kind(), ErrorKind::InDoubt);
+    /// assert_eq!(TransportError::Blocked { reason: "low on memory".into() }.kind(), ErrorKind::Transient);
+    /// ```
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            TransportError::NotFound { .. }
+            | TransportError::PreconditionFailed { .. }
+            | TransportError::AccessRefused { .. }
+            | TransportError::ResourceLocked { .. } => ErrorKind::Refused,
+            TransportError::Blocked { .. }
+            | TransportError::AckNotSent
+            | TransportError::Closed { .. }
+            | TransportError::Io { .. } => ErrorKind::Transient,
+            TransportError::InvalidName { .. } | TransportError::Unsupported(_) => {
+                ErrorKind::Invalid
+            }
+            TransportError::ConfirmTimeout { .. } | TransportError::ConfirmLost { .. } => {
+                ErrorKind::InDoubt
+            }
+            TransportError::Protocol { code, .. } => protocol_kind(*code),
+        }
+    }
+}
+
+/// 506 RESOURCE_ERROR and 541 INTERNAL_ERROR are the broker's own trouble (retry later);
+/// every other reply code is the broker saying no to what was asked.
+fn protocol_kind(code: u16) -> ErrorKind {
+    match code {
+        506 | 541 => ErrorKind::Transient,
+        _ => ErrorKind::Refused,
+    }
+}
+
+/// Checks a name against AMQP's short-string limit (255 bytes).
+pub(crate) fn check_short(name: &str) -> Result<(), TransportError> {
+    if name.len() > 255 {
+        return Err(TransportError::InvalidName {
+            name: name.chars().take(64).collect::<String>() + "...",
+            reason: format!("{} bytes; AMQP names are at most 255 bytes", name.len()),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::*;
+
+    /// Every variant, with the kind it must have.
+    fn table() -> Vec<(TransportError, ErrorKind)> {
+        let d = || String::from("d");
+        vec![
+            (TransportError::NotFound { detail: d() }, ErrorKind::Refused),
+            (
+                TransportError::PreconditionFailed { detail: d() },
+                ErrorKind::Refused,
+            ),
+            (
+                TransportError::AccessRefused { detail: d() },
+                ErrorKind::Refused,
+            ),
+            (
+                TransportError::ResourceLocked { detail: d() },
+                ErrorKind::Refused,
+            ),
+            (
+                TransportError::Blocked { reason: d() },
+                ErrorKind::Transient,
+            ),
+            (TransportError::AckNotSent, ErrorKind::Transient),
+            (TransportError::Closed { detail: d() }, ErrorKind::Transient),
+            (
+                TransportError::InvalidName {
+                    name: d(),
+                    reason: d(),
+                },
+                ErrorKind::Invalid,
+            ),
+            (
+                TransportError::ConfirmTimeout { millis: 1 },
+                ErrorKind::InDoubt,
+            ),
+            (
+                TransportError::ConfirmLost {
+                    detail: d(),
+                    source: None,
+                },
+                ErrorKind::InDoubt,
+            ),
+            (TransportError::Unsupported(d()), ErrorKind::Invalid),
+            (
+                TransportError::Protocol {
+                    code: 530,
+                    detail: d(),
+                },
+                ErrorKind::Refused,
+            ),
+            (
+                TransportError::Protocol {
+                    code: 541,
+                    detail: d(),
+                },
+                ErrorKind::Transient,
+            ),
+            (
+                TransportError::Protocol {
+                    code: 506,
+                    detail: d(),
+                },
+                ErrorKind::Transient,
+            ),
+            (
+                TransportError::io(std::io::Error::other("reset")),
+                ErrorKind::Transient,
+            ),
+        ]
+    }
+
+    #[test]
+    fn every_variant_has_its_kind() {
+        for (e, kind) in table() {
+            assert_eq!(e.kind(), kind, "{e:?}");
+        }
+    }
+
+    #[test]
+    fn io_keeps_its_source_through_a_clone() {
+        let e = TransportError::io(std::io::Error::new(
+            std::io::ErrorKind::ConnectionReset,
+            "reset by peer",
+        ));
+        let e = e.clone();
+        let source = e.source().expect("a source");
+        let io = source
+            .downcast_ref::<std::io::Error>()
+            .expect("the io::Error itself");
+        assert_eq!(io.kind(), std::io::ErrorKind::ConnectionReset);
+        assert_eq!(e.to_string(), "I/O error: reset by peer");
+    }
+
+    #[test]
+    fn a_lost_confirm_keeps_its_source() {
+        let e = TransportError::ConfirmLost {
+            detail: "connection reset".into(),
+            source: Some(Arc::new(std::io::Error::other("reset"))),
+        };
+        assert!(e.source().is_some());
+        assert!(e.to_string().contains("in doubt"), "{e}");
+    }
+}
