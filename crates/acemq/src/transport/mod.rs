@@ -18,12 +18,13 @@
 
 pub mod amqp;
 pub mod memory;
+pub mod recovery;
 
 use std::future::Future;
 use std::pin::Pin;
 
 use bytes::Bytes;
-use tokio::sync::watch;
+use tokio::sync::{broadcast, watch};
 
 use crate::headers::Headers;
 use crate::topology::{BindingDecl, ExchangeDecl, QueueDecl};
@@ -319,6 +320,17 @@ pub trait Transport: Send + Sync + 'static {
     /// Watches the state: connected / blocked changes.
     fn watch_status(&self) -> watch::Receiver<TransportStatus>;
 
+    /// Recovery events from now on (`None` for a transport that does not recover).
+    fn recovery_events(&self) -> Option<broadcast::Receiver<recovery::RecoveryEvent>> {
+        None
+    }
+
+    /// Whether a lost connection is being redialled right now (so the state will change
+    /// without anyone acting).
+    fn recovering(&self) -> bool {
+        false
+    }
+
     /// Closes the connection(s). Unsettled deliveries go back to their queues.
     fn close(&self) -> BoxFuture<'_, Result<(), TransportError>>;
 }
@@ -390,6 +402,31 @@ pub enum TransportError {
     ConfirmTimeout {
         /// The wait, in milliseconds.
         millis: u64,
+    },
+    /// The connection is down or recovering; nothing was sent, so sending again is safe.
+    #[error("not connected: {detail}; nothing was sent, it is safe to send again")]
+    NotConnected {
+        /// What is going on.
+        detail: String,
+    },
+    /// The connection was lost after the publish was written and before its confirm: the
+    /// broker may or may not have it (in doubt).
+    #[error(
+        "connection lost before the confirm ({detail}); the publish is in doubt and may have arrived"
+    )]
+    ConnectionLost {
+        /// What ended the connection.
+        detail: String,
+    },
+    /// No address answered within the connect budget.
+    #[error("could not reach the broker at {address} within {waited_ms} ms: {detail}")]
+    Unreachable {
+        /// The address tried last, without credentials.
+        address: String,
+        /// The budget, in milliseconds.
+        waited_ms: u64,
+        /// The last error.
+        detail: String,
     },
     /// Not supported by this transport.
     #[error("not supported: {0}")]

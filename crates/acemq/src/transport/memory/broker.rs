@@ -127,6 +127,8 @@ pub(crate) struct State {
     /// Status senders of the open connections.
     pub connections: FastMap<u64, Arc<watch::Sender<TransportStatus>>>,
     pub blocked: Option<String>,
+    /// While set, new connections are refused (a broker that is down, for recovery tests).
+    pub down: bool,
     next_id: u64,
 }
 
@@ -273,6 +275,7 @@ impl State {
             channels: FastMap::default(),
             connections: FastMap::default(),
             blocked: None,
+            down: false,
             next_id: 1,
         }
     }
