@@ -132,8 +132,8 @@ impl Dialer {
                 Err(e) if permanent(&e) => return Err(e),
                 Err(e) => e,
             };
-            let delay = policy.delay(attempt).min(Duration::from_secs(5));
-            if Instant::now() + delay >= deadline {
+            let now = Instant::now();
+            if now >= deadline {
                 return Err(TransportError::Unreachable {
                     address,
                     waited_ms: budget.as_millis().try_into().unwrap_or(u64::MAX),
@@ -141,7 +141,8 @@ impl Dialer {
                 });
             }
             debug!(%address, attempt, error = %error, "broker unreachable; retrying");
-            tokio::time::sleep(delay).await;
+            let delay = policy.delay(attempt).min(Duration::from_secs(5));
+            tokio::time::sleep(delay.min(deadline - now)).await;
         }
     }
 }

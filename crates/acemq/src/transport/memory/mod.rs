@@ -238,7 +238,14 @@ impl MemoryTransport {
         op: impl FnOnce(&mut broker::State, u64) -> Result<T, TransportError>,
     ) -> Result<T, TransportError> {
         let conn = self.conn();
-        conn.check_open()?;
+        if let Err(e) = conn.check_open() {
+            if self.inner.recovering.load(Ordering::Acquire) {
+                return Err(TransportError::NotConnected {
+                    detail: format!("memory://{} is recovering", conn.broker.name()),
+                });
+            }
+            return Err(e);
+        }
         let mut st = conn.broker.lock();
         op(&mut st, conn.id)
     }
