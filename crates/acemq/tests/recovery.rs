@@ -308,3 +308,67 @@ async fn amqp_wrong_credentials_fail_at_once() {
     );
     assert!(!e.to_string().contains("not-the-password"), "{e}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn memory_injected_faults_lose_confirms_and_acks_delay_confirms_and_cancel_consumers() {
+    let t = MemoryTransport::connect(&support::unique("mem-faults"));
+    let broker = t.broker();
+    let q = support::unique("faults.q");
+    t.declare_queue(&QueueDecl::classic(&q))
+        .await
+        .expect("declare");
+
+    // A lost confirm: in doubt for the publisher, yet the message is in the queue.
+    broker.lose_next_confirms(1);
+    let lost = t.publish(outbound(&q)).await.expect("written").await;
+    assert!(
+        matches!(lost, Err(TransportError::ConnectionLost { .. })),
+        "{lost:?}"
+    );
+    assert_eq!(t.inspect_queue(&q).await.expect("inspect").message_count, 1);
+    // The fault counts down: the next confirm arrives.
+    let c = t.publish(outbound(&q)).await.expect("written").await;
+    assert_eq!(c.expect("confirm"), Confirmation::Routed);
+
+    // A delayed confirm resolves after the delay, in tokio time.
+    broker.delay_confirms(Some(Duration::from_secs(3)));
+    let started = tokio::time::Instant::now();
+    t.publish(outbound(&q))
+        .await
+        .expect("written")
+        .await
+        .expect("confirm");
+    assert!(started.elapsed() >= Duration::from_secs(3));
+    broker.delay_confirms(None);
+
+    // A lost ack: reported sent, the message comes back redelivered.
+    let d = t.get(&q).await.expect("get").expect("one");
+    let id = d.properties.message_id.clone();
+    broker.lose_next_acks(1);
+    d.acker.ack().await.expect("reported sent");
+    assert_eq!(t.inspect_queue(&q).await.expect("inspect").message_count, 3);
+    let again = t.get(&q).await.expect("get").expect("back");
+    assert!(again.redelivered);
+    assert_eq!(again.properties.message_id, id);
+    again.acker.ack().await.expect("ack");
+
+    // A broker-side cancel ends a subscription that we did not cancel.
+    let mut sub = t
+        .consume(ConsumeSpec {
+            queue: q.clone(),
+            prefetch: 10,
+            consumer_tag: String::new(),
+            exclusive: false,
+        })
+        .await
+        .expect("consume");
+    assert_eq!(broker.cancel_consumers(&q), 1);
+    let mut n = 0;
+    while let Some(d) = sub.next().await {
+        d.expect("delivery").acker.ack().await.expect("ack");
+        n += 1;
+    }
+    assert!(n <= 2);
+    assert!(!sub.cancelled_by_us());
+    t.close().await.expect("close");
+}

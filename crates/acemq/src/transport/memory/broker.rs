@@ -129,7 +129,20 @@ pub(crate) struct State {
     pub blocked: Option<String>,
     /// While set, new connections are refused (a broker that is down, for recovery tests).
     pub down: bool,
+    /// Faults injected by tests.
+    pub faults: Faults,
     next_id: u64,
+}
+
+/// Faults a test injected; each counts down as it is applied.
+#[derive(Debug, Default)]
+pub(crate) struct Faults {
+    /// Acks that are answered as sent but requeue the message instead.
+    pub lose_acks: u32,
+    /// Publishes whose message is routed but whose confirm is lost (in doubt).
+    pub lose_confirms: u32,
+    /// How long confirms are held back.
+    pub confirm_delay: Option<std::time::Duration>,
 }
 
 fn registry() -> &'static Mutex<HashMap<String, Arc<MemoryBroker>>> {
@@ -276,6 +289,7 @@ impl State {
             connections: FastMap::default(),
             blocked: None,
             down: false,
+            faults: Faults::default(),
             next_id: 1,
         }
     }

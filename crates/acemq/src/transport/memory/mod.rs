@@ -280,8 +280,30 @@ impl Transport for MemoryTransport {
     /// Publishes synchronously: the confirm is already known when the first future
     /// resolves. A missing exchange fails here (not at confirm time) with `NotFound`.
     fn publish(&self, message: Outbound) -> BoxFuture<'_, Result<PendingConfirm, TransportError>> {
-        let r = self.with(|st, _| st.publish(message));
-        ready(r.map(|c| -> PendingConfirm { Box::pin(std::future::ready(Ok(c))) }))
+        let r = self.with(|st, _| {
+            let confirmed = st.publish(message)?;
+            let lost = st.faults.lose_confirms > 0;
+            if lost {
+                st.faults.lose_confirms -= 1;
+            }
+            Ok((confirmed, lost, st.faults.confirm_delay))
+        });
+        ready(r.map(|(c, lost, delay)| -> PendingConfirm {
+            let answer = if lost {
+                Err(TransportError::ConnectionLost {
+                    detail: "an injected fault lost the confirm".into(),
+                })
+            } else {
+                Ok(c)
+            };
+            match delay {
+                None => Box::pin(std::future::ready(answer)),
+                Some(d) => Box::pin(async move {
+                    tokio::time::sleep(d).await;
+                    answer
+                }),
+            }
+        }))
     }
 
     fn consume(

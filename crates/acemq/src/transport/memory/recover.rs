@@ -81,6 +81,46 @@ impl MemoryBroker {
     pub fn is_down(&self) -> bool {
         self.lock().down
     }
+
+    /// Cancels every consumer of `queue` from the broker's side (as RabbitMQ does when a
+    /// queue's node goes down): their subscriptions end with `cancelled_by_us()` false.
+    /// Returns how many were cancelled.
+    ///
+    /// ```
+    /// use acemq::transport::memory::MemoryBroker;
+    /// assert_eq!(MemoryBroker::named("doc-cancel").cancel_consumers("nothing"), 0);
+    /// ```
+    pub fn cancel_consumers(&self, queue: &str) -> usize {
+        let mut st = self.lock();
+        let channels: Vec<u64> = st
+            .channels
+            .iter()
+            .filter(|(_, c)| c.consumer.as_ref().is_some_and(|c| &*c.queue == queue))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &channels {
+            st.cancel_consumer(*id);
+        }
+        channels.len()
+    }
+
+    /// The next `n` acks are answered as sent but never arrive: each message comes back,
+    /// redelivered (a duplicate delivery, as after a connection lost right after an ack).
+    pub fn lose_next_acks(&self, n: u32) {
+        self.lock().faults.lose_acks = n;
+    }
+
+    /// The next `n` publishes are routed, but their confirm is lost: the publisher is
+    /// answered [`TransportError::ConnectionLost`](crate::transport::TransportError) (in
+    /// doubt) although the message is in its queue.
+    pub fn lose_next_confirms(&self, n: u32) {
+        self.lock().faults.lose_confirms = n;
+    }
+
+    /// Confirms arrive `delay` after the publish (`None`: at once).
+    pub fn delay_confirms(&self, delay: Option<std::time::Duration>) {
+        self.lock().faults.confirm_delay = delay;
+    }
 }
 
 /// Redials until the broker takes the connection (or the policy gives up, or the transport
