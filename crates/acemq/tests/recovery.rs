@@ -372,3 +372,47 @@ async fn memory_injected_faults_lose_confirms_and_acks_delay_confirms_and_cancel
     assert!(!sub.cancelled_by_us());
     t.close().await.expect("close");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn amqp_credentials_come_from_a_file_or_the_environment_and_are_never_printed() {
+    use acemq::transport::amqp::Credentials;
+    let Some(url) = support::amqp_url() else {
+        return;
+    };
+    // The URL's own credentials are wrong: the file's must be used.
+    let Some(rest) = url.split("://").nth(1).and_then(|r| r.split('@').nth(1)) else {
+        panic!("unexpected test URL shape");
+    };
+    let wrong = format!("amqp://nobody:wrong@{rest}");
+    let dir = std::env::temp_dir().join(support::unique("creds"));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let file = dir.join("rabbit");
+    std::fs::write(&file, "guest:guest\n").expect("write");
+    let t = AmqpTransport::connect_with(
+        &wrong,
+        AmqpOptions::default().credentials(Credentials::file(&file, None)),
+    )
+    .await
+    .expect("the file's credentials are used");
+    assert!(t.status().connected);
+    t.close().await.expect("close");
+
+    // A variable that is not set fails at once, naming the variable, not a secret.
+    let started = std::time::Instant::now();
+    let e = AmqpTransport::connect_with(
+        &wrong,
+        AmqpOptions::default().credentials(Credentials::environment(
+            "ACEMQ_TEST_NO_SUCH_USER_VAR",
+            "ACEMQ_TEST_NO_SUCH_PASSWORD_VAR",
+        )),
+    )
+    .await
+    .map(drop)
+    .expect_err("no such variable");
+    assert!(started.elapsed() < Duration::from_secs(2));
+    assert!(matches!(e, TransportError::Config { .. }), "{e:?}");
+    assert!(e.to_string().contains("ACEMQ_TEST_NO_SUCH_USER_VAR"), "{e}");
+    let opts = AmqpOptions::default().credentials(Credentials::user_password("u", "hunter2"));
+    assert!(!format!("{opts:?}").contains("hunter2"));
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -428,6 +428,12 @@ pub enum TransportError {
         /// The last error.
         detail: String,
     },
+    /// The configuration cannot be used (a malformed URL, credentials that cannot be read).
+    #[error("invalid configuration: {detail}")]
+    Config {
+        /// What is wrong (never a secret).
+        detail: String,
+    },
     /// Not supported by this transport.
     #[error("not supported: {0}")]
     Unsupported(String),

@@ -14,12 +14,13 @@ use std::sync::{Arc, RwLock, Weak};
 use std::time::Duration;
 
 use futures::StreamExt;
+use lapin::uri::AMQPUri;
 use lapin::{Connection, ConnectionProperties, Event};
 use tokio::time::Instant;
 use tracing::debug;
 
 use super::errors::from_lapin;
-use super::{AmqpOptions, Inner};
+use super::{AmqpOptions, Credentials, Inner, TlsOptions};
 use crate::transport::TransportError;
 use crate::transport::recovery::{RecoveryEvent, RecoveryPolicy, Side, redact};
 
@@ -82,6 +83,8 @@ pub(crate) struct Dialer {
     next: AtomicUsize,
     name: String,
     heartbeat: Option<u16>,
+    credentials: Credentials,
+    tls: TlsOptions,
 }
 
 impl Dialer {
@@ -93,6 +96,8 @@ impl Dialer {
             next: AtomicUsize::new(0),
             name: options.connection_name.clone(),
             heartbeat: options.heartbeat,
+            credentials: options.credentials.clone(),
+            tls: options.tls.clone(),
         }
     }
 
@@ -102,15 +107,43 @@ impl Dialer {
         self.addresses.get(i).cloned().unwrap_or_default()
     }
 
+    /// The URI to dial at `address`: its heartbeat and credentials applied.
+    fn uri(&self, address: &str) -> Result<AMQPUri, TransportError> {
+        let mut uri: AMQPUri = address
+            .parse()
+            .map_err(|e: String| TransportError::Config {
+                detail: format!("invalid broker URL {}: {e}", redact(address)),
+            })?;
+        if let Some(h) = self.heartbeat
+            && uri.query.heartbeat.is_none()
+        {
+            uri.query.heartbeat = Some(h);
+        }
+        if let Some((user, password)) = self
+            .credentials
+            .resolve()
+            .map_err(|detail| TransportError::Config { detail })?
+        {
+            uri.authority.userinfo.username = user;
+            uri.authority.userinfo.password = password;
+        }
+        Ok(uri)
+    }
+
     /// Opens one connection for `side` at the next address.
     pub(crate) async fn dial(&self, side: Side) -> (String, Result<Connection, TransportError>) {
         let address = self.next_address();
-        let url = with_heartbeat(&address, self.heartbeat);
         let name = format!("{} ({})", self.name, side.as_str());
         let properties = ConnectionProperties::default().with_connection_name(name.into());
-        let opened = Connection::connect(&url, properties)
-            .await
-            .map_err(from_lapin);
+        let opened = match (self.uri(&address), lapin::runtime::default_runtime()) {
+            (Ok(uri), Ok(runtime)) => {
+                Connection::connect_uri_with_config(uri, properties, self.tls.lapin(), runtime)
+                    .await
+                    .map_err(from_lapin)
+            }
+            (Err(e), _) => Err(e),
+            (_, Err(e)) => Err(from_lapin(e)),
+        };
         (redact(&address), opened)
     }
 
@@ -152,19 +185,10 @@ impl Dialer {
 pub(crate) fn permanent(e: &TransportError) -> bool {
     matches!(
         e,
-        TransportError::AccessRefused { .. } | TransportError::Protocol { code: 530, .. }
+        TransportError::AccessRefused { .. }
+            | TransportError::Protocol { code: 530, .. }
+            | TransportError::Config { .. }
     ) || e.to_string().contains("ACCESS_REFUSED")
-}
-
-/// Adds `heartbeat=N` to the URL's query unless it sets one.
-fn with_heartbeat(url: &str, heartbeat: Option<u16>) -> String {
-    match heartbeat {
-        Some(h) if !url.contains("heartbeat=") => {
-            let sep = if url.contains('?') { '&' } else { '?' };
-            format!("{url}{sep}heartbeat={h}")
-        }
-        _ => url.to_owned(),
-    }
 }
 
 /// Watches one link for its life: status, blocked state, loss and recovery.

@@ -49,7 +49,7 @@ use tracing::{debug, warn};
 
 use self::errors::from_lapin;
 use self::link::{Dialer, Link, supervise};
-pub use self::options::AmqpOptions;
+pub use self::options::{AmqpOptions, Credentials, TlsOptions};
 use self::publisher::Publisher;
 use self::subscription::AmqpSubscription;
 use super::recovery::{Declared, DeclaredTopology, Events, RecoveryEvent, Side};
