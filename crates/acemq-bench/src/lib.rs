@@ -712,9 +712,7 @@ pub async fn acemq_retry(mq: &acemq::Connection, queue: &str, n: u64) -> Result<
     let consumer = mq
         .consume(
             queue,
-            ConsumerOptions::default()
-                .prefetch(PREFETCH)
-                .retry(policy),
+            ConsumerOptions::default().prefetch(PREFETCH).retry(policy),
             move |m: Message<Payload>| {
                 let c = c.clone();
                 async move {

@@ -278,9 +278,7 @@ async fn an_unreachable_store_is_a_retry_never_a_silent_accept() {
         let consumer = mq
             .consume(
                 &q,
-                ConsumerOptions::default()
-                    .retry(policy)
-                    .idempotent(broken),
+                ConsumerOptions::default().retry(policy).idempotent(broken),
                 counting(runs.clone()),
             )
             .await

@@ -85,6 +85,25 @@ pub enum TransportError {
         /// The underlying failure, when there is one.
         source: Option<Source>,
     },
+    /// The connection is down or recovering; nothing was sent, so sending again is safe.
+    NotConnected {
+        /// What is going on.
+        detail: String,
+    },
+    /// No address answered within the connect budget.
+    Unreachable {
+        /// The address tried last, without credentials.
+        address: String,
+        /// The budget, in milliseconds.
+        waited_ms: u64,
+        /// The last error.
+        detail: String,
+    },
+    /// The configuration cannot be used (a malformed URL, credentials that cannot be read).
+    Config {
+        /// What is wrong (never a secret).
+        detail: String,
+    },
     /// Not supported by this transport.
     Unsupported(String),
     /// Any other AMQP error, with its reply code.
@@ -136,6 +155,19 @@ impl std::fmt::Display for TransportError {
                 f,
                 "the connection was lost after the publish was written and before its confirm: {detail}; the publish is in doubt and may have arrived"
             ),
+            TransportError::NotConnected { detail } => write!(
+                f,
+                "not connected: {detail}; nothing was sent, it is safe to send again"
+            ),
+            TransportError::Unreachable {
+                address,
+                waited_ms,
+                detail,
+            } => write!(
+                f,
+                "could not reach the broker at {address} within {waited_ms} ms: {detail}"
+            ),
+            TransportError::Config { detail } => write!(f, "invalid configuration: {detail}"),
             TransportError::Unsupported(what) => write!(f, "not supported: {what}"),
             TransportError::Protocol { code, detail } => write!(f, "AMQP error {code}: {detail}"),
             TransportError::Io { detail, .. } => write!(f, "I/O error: {detail}"),
@@ -203,10 +235,12 @@ impl TransportError {
             TransportError::Blocked { .. }
             | TransportError::AckNotSent
             | TransportError::Closed { .. }
+            | TransportError::NotConnected { .. }
+            | TransportError::Unreachable { .. }
             | TransportError::Io { .. } => ErrorKind::Transient,
-            TransportError::InvalidName { .. } | TransportError::Unsupported(_) => {
-                ErrorKind::Invalid
-            }
+            TransportError::InvalidName { .. }
+            | TransportError::Unsupported(_)
+            | TransportError::Config { .. } => ErrorKind::Invalid,
             TransportError::ConfirmTimeout { .. } | TransportError::ConfirmLost { .. } => {
                 ErrorKind::InDoubt
             }
@@ -283,6 +317,19 @@ mod tests {
                 ErrorKind::InDoubt,
             ),
             (TransportError::Unsupported(d()), ErrorKind::Invalid),
+            (TransportError::Config { detail: d() }, ErrorKind::Invalid),
+            (
+                TransportError::NotConnected { detail: d() },
+                ErrorKind::Transient,
+            ),
+            (
+                TransportError::Unreachable {
+                    address: d(),
+                    waited_ms: 1,
+                    detail: d(),
+                },
+                ErrorKind::Transient,
+            ),
             (
                 TransportError::Protocol {
                     code: 530,

@@ -25,13 +25,14 @@ pub mod amqp;
 pub mod conformance;
 mod error;
 pub mod memory;
+pub mod recovery;
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use tokio::sync::watch;
+use tokio::sync::{broadcast, watch};
 
 pub(crate) use self::error::check_short;
 pub use self::error::{Source, TransportError};
@@ -329,6 +330,17 @@ pub trait Transport: Send + Sync + 'static {
     /// Watches the state: connected / blocked changes.
     fn watch_status(&self) -> watch::Receiver<TransportStatus>;
 
+    /// Recovery events from now on (`None` for a transport that does not recover).
+    fn recovery_events(&self) -> Option<broadcast::Receiver<recovery::RecoveryEvent>> {
+        None
+    }
+
+    /// Whether a lost connection is being redialled right now (so the state will change
+    /// without anyone acting).
+    fn recovering(&self) -> bool {
+        false
+    }
+
     /// Closes the connection(s). Unsettled deliveries go back to their queues.
     fn close(&self) -> BoxFuture<'_, Result<(), TransportError>>;
 }
@@ -365,7 +377,7 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Transport>, crate::Error> {
     }
     Err(crate::Error::Config(format!(
         "unsupported URL {:?}: use amqp://, amqps:// or memory://name",
-        redact(url)
+        recovery::redact(url)
     )))
 }
 
@@ -378,21 +390,14 @@ async fn connect_amqp(url: &str) -> Result<Arc<dyn Transport>, crate::Error> {
 async fn connect_amqp(url: &str) -> Result<Arc<dyn Transport>, crate::Error> {
     Err(crate::Error::Config(format!(
         "{:?} needs the RabbitMQ transport, which this build left out: enable acemq's `amqp` feature (on by default; it is off with default-features = false)",
-        redact(url)
+        recovery::redact(url)
     )))
-}
-
-/// The URL with its user and password replaced by `***`.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => format!("{}://***{}", &url[..s], &url[at..]),
-        _ => url.to_owned(),
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::transport::recovery::redact;
 
     #[test]
     fn credentials_are_redacted() {

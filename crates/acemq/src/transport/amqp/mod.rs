@@ -28,28 +28,31 @@
 
 mod convert;
 mod errors;
+mod link;
+mod options;
 mod publisher;
 mod subscription;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
-use futures::StreamExt;
+use lapin::Channel;
 use lapin::options::{
     BasicConsumeOptions, BasicGetOptions, BasicQosOptions, ExchangeDeclareOptions,
     ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
     QueuePurgeOptions,
 };
 use lapin::types::FieldTable;
-use lapin::{Channel, Connection, ConnectionProperties, ConnectionStatus, Event};
-use tokio::sync::{Mutex, watch};
+use tokio::sync::{Mutex, broadcast, watch};
 use tokio::task::JoinHandle;
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 use self::errors::from_lapin;
+use self::link::{Dialer, Link, supervise};
+pub use self::options::{AmqpOptions, Credentials, TlsOptions};
 use self::publisher::Publisher;
 use self::subscription::AmqpSubscription;
+use super::recovery::{Declared, DeclaredTopology, Events, RecoveryEvent, Side};
 use super::{
     BoxFuture, ConsumeSpec, Delivery, Outbound, PendingConfirm, QueueInfo, Subscription, Transport,
     TransportError, TransportStatus,
@@ -59,55 +62,7 @@ use crate::topology::{BindingDecl, ExchangeDecl, ExchangeKind, QueueDecl};
 /// How many idle topology channels are kept open.
 const IDLE_TOPOLOGY_CHANNELS: usize = 4;
 
-/// How often the connection state is re-read even without an event.
-const STATUS_REFRESH: Duration = Duration::from_secs(1);
-
-/// Options for [`AmqpTransport::connect_with`].
-///
-/// ```
-/// use std::time::Duration;
-/// use acemq::transport::amqp::AmqpOptions;
-/// let o = AmqpOptions::default()
-///     .connection_name("orders-service")
-///     .confirm_timeout(Duration::from_secs(10));
-/// assert_eq!(o.confirm_timeout, Duration::from_secs(10));
-/// ```
-#[derive(Clone, Debug)]
-#[non_exhaustive]
-pub struct AmqpOptions {
-    /// The `connection_name` client property, shown by `rabbitmqctl list_connections` and
-    /// the management UI. The two connections are named `{name} (publish)` and
-    /// `{name} (consume)`. Default `acemq`.
-    pub connection_name: String,
-    /// How long a publish waits for its confirm before it is reported in doubt
-    /// ([`TransportError::ConfirmTimeout`]). Default 30 s.
-    pub confirm_timeout: Duration,
-}
-
-impl Default for AmqpOptions {
-    fn default() -> Self {
-        AmqpOptions {
-            connection_name: "acemq".to_owned(),
-            confirm_timeout: Duration::from_secs(30),
-        }
-    }
-}
-
-impl AmqpOptions {
-    /// Sets the connection name.
-    pub fn connection_name(mut self, name: impl Into<String>) -> Self {
-        self.connection_name = name.into();
-        self
-    }
-
-    /// Sets the confirm timeout.
-    pub fn confirm_timeout(mut self, timeout: Duration) -> Self {
-        self.confirm_timeout = timeout;
-        self
-    }
-}
-
-/// RabbitMQ through lapin: a publishing and a consuming connection.
+/// RabbitMQ through lapin: a publishing and a consuming connection, each recovered on loss.
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), acemq::transport::TransportError> {
@@ -118,16 +73,25 @@ impl AmqpOptions {
 /// # Ok(()) }
 /// ```
 pub struct AmqpTransport {
+    inner: Arc<Inner>,
+    supervisors: Vec<JoinHandle<()>>,
+}
+
+/// The transport's state, shared with the link supervisors (which hold it weakly).
+pub(crate) struct Inner {
+    options: AmqpOptions,
+    dialer: Dialer,
     publisher: Publisher,
-    consume: Connection,
+    consume: Link,
     /// Idle topology channels on the consuming connection.
     idle: std::sync::Mutex<Vec<Channel>>,
     /// The channel `basic.get` uses (deliveries are settled on it).
     get_channel: Mutex<Option<Channel>>,
     status: Arc<watch::Sender<TransportStatus>>,
     status_rx: watch::Receiver<TransportStatus>,
-    watchers: Vec<JoinHandle<()>>,
     closed: AtomicBool,
+    declared: DeclaredTopology,
+    events: Events,
 }
 
 impl std::fmt::Debug for AmqpTransport {
@@ -138,27 +102,29 @@ impl std::fmt::Debug for AmqpTransport {
     }
 }
 
-async fn open(url: &str, name: String) -> Result<Connection, TransportError> {
-    let properties = ConnectionProperties::default().with_connection_name(name.into());
-    Connection::connect(url, properties)
-        .await
-        .map_err(from_lapin)
-}
-
 impl AmqpTransport {
     /// Connects to RabbitMQ (`amqp://` or `amqps://`) with default [`AmqpOptions`].
     pub async fn connect(url: &str) -> Result<AmqpTransport, TransportError> {
         Self::connect_with(url, AmqpOptions::default()).await
     }
 
-    /// Connects to RabbitMQ with options.
+    /// Connects to RabbitMQ with options. An unreachable broker is retried for
+    /// [`AmqpOptions::connect_timeout`] (then [`TransportError::Unreachable`], naming the
+    /// address without its password); refused credentials fail at once.
     pub async fn connect_with(
         url: &str,
         options: AmqpOptions,
     ) -> Result<AmqpTransport, TransportError> {
-        let publish = open(url, format!("{} (publish)", options.connection_name)).await?;
+        let dialer = Dialer::new(url, &options);
+        let (budget, policy) = (options.connect_timeout, options.recovery.clone());
+        let publish = dialer
+            .dial_with_budget(Side::Publish, budget, &policy)
+            .await?;
         let publish_events = publish.events_listener();
-        let consume = match open(url, format!("{} (consume)", options.connection_name)).await {
+        let consume = match dialer
+            .dial_with_budget(Side::Consume, budget, &policy)
+            .await
+        {
             Ok(c) => c,
             Err(e) => {
                 let _ = publish.close(200, "OK".into()).await;
@@ -170,32 +136,103 @@ impl AmqpTransport {
             connected: true,
             blocked: None,
         });
-        let status = Arc::new(tx);
-        let both = [publish.status().clone(), consume.status().clone()];
-        let watchers = vec![
-            tokio::spawn(watch_events(
-                publish_events,
-                Side::Publish,
-                both.clone(),
-                status.clone(),
-            )),
-            tokio::spawn(watch_events(
-                consume_events,
-                Side::Consume,
-                both,
-                status.clone(),
-            )),
-        ];
-        Ok(AmqpTransport {
-            publisher: Publisher::new(publish, status_rx.clone(), options.confirm_timeout),
-            consume,
+        let inner = Arc::new(Inner {
+            publisher: Publisher::new(
+                Link::new(Side::Publish, publish),
+                status_rx.clone(),
+                options.confirm_timeout,
+                options.publish_wait,
+            ),
+            consume: Link::new(Side::Consume, consume),
+            options,
+            dialer,
             idle: std::sync::Mutex::new(Vec::new()),
             get_channel: Mutex::new(None),
-            status,
+            status: Arc::new(tx),
             status_rx,
-            watchers,
             closed: AtomicBool::new(false),
-        })
+            declared: DeclaredTopology::default(),
+            events: Events::default(),
+        });
+        let weak = Arc::downgrade(&inner);
+        let supervisors = vec![
+            tokio::spawn(supervise(weak.clone(), Side::Publish, publish_events)),
+            tokio::spawn(supervise(weak, Side::Consume, consume_events)),
+        ];
+        Ok(AmqpTransport { inner, supervisors })
+    }
+
+    /// Recovery events (lost, retrying, recovered, gave up, blocked, unblocked) from now on.
+    pub fn recovery_events(&self) -> broadcast::Receiver<RecoveryEvent> {
+        self.inner.events.subscribe()
+    }
+}
+
+impl Inner {
+    fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// Re-reads both links into the shared status.
+    fn refresh_status(&self) {
+        let connected = !self.is_closed() && self.publisher.link().ready() && self.consume.ready();
+        self.status.send_if_modified(|s| {
+            let changed = s.connected != connected;
+            s.connected = connected;
+            changed
+        });
+    }
+
+    fn set_blocked(&self, reason: Option<String>) {
+        match &reason {
+            Some(r) => self
+                .events
+                .emit(RecoveryEvent::Blocked { reason: r.clone() }),
+            None => self.events.emit(RecoveryEvent::Unblocked),
+        }
+        self.status.send_modify(|s| s.blocked = reason);
+    }
+
+    /// After a side reconnected: drop what belonged to the old connection; on the consuming
+    /// side, declare the recorded topology again, in its order.
+    async fn after_reconnect(&self, side: Side) -> Result<(), TransportError> {
+        match side {
+            Side::Publish => {
+                self.publisher.reset().await;
+                Ok(())
+            }
+            Side::Consume => {
+                self.idle.lock().unwrap_or_else(|e| e.into_inner()).clear();
+                *self.get_channel.lock().await = None;
+                self.redeclare().await
+            }
+        }
+    }
+
+    async fn redeclare(&self) -> Result<(), TransportError> {
+        let items = self.declared.snapshot();
+        let count = items.len();
+        for item in items {
+            let done = match &item {
+                Declared::Exchange(e) => self.declare_exchange_op(e).await,
+                Declared::Queue(q) => self.queue_op(&q.name, false, Some(q)).await.map(drop),
+                Declared::Binding(b) => self.binding_op(b, true).await,
+            };
+            match done {
+                Ok(()) => {}
+                // Someone declared it differently (or removed what it needs) meanwhile: say
+                // so and go on; the rest of the topology must still come back.
+                Err(
+                    e @ (TransportError::PreconditionFailed { .. }
+                    | TransportError::NotFound { .. }
+                    | TransportError::AccessRefused { .. }
+                    | TransportError::ResourceLocked { .. }),
+                ) => warn!(error = %e, item = ?item, "could not declare again after recovery"),
+                Err(e) => return Err(e),
+            }
+        }
+        debug!(count, "topology declared again after recovery");
+        Ok(())
     }
 
     /// A topology channel for one operation (from the pool, or a new one).
@@ -203,7 +240,12 @@ impl AmqpTransport {
         let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
         match idle {
             Some(ch) if ch.status().connected() => Ok(ch),
-            _ => self.consume.create_channel().await.map_err(from_lapin),
+            _ => self
+                .consume
+                .current()
+                .create_channel()
+                .await
+                .map_err(from_lapin),
         }
     }
 
@@ -218,12 +260,10 @@ impl AmqpTransport {
         }
     }
 
-    /// The publishing connection's state as lapin sees it now.
+    /// The state as lapin sees it now.
     fn live_status(&self) -> TransportStatus {
         let mut s = self.status_rx.borrow().clone();
-        s.connected = !self.closed.load(Ordering::Acquire)
-            && self.publisher.connection().status().connected()
-            && self.consume.status().connected();
+        s.connected = !self.is_closed() && self.publisher.link().ready() && self.consume.ready();
         s.blocked = self.publisher.blocked(&self.status_rx);
         s
     }
@@ -288,6 +328,19 @@ impl AmqpTransport {
         })
     }
 
+    async fn declare_exchange_op(&self, decl: &ExchangeDecl) -> Result<(), TransportError> {
+        let options = ExchangeDeclareOptions {
+            passive: false,
+            durable: decl.durable,
+            auto_delete: decl.auto_delete,
+            internal: false,
+            nowait: false,
+        };
+        let arguments = convert::to_table(&decl.arguments)?;
+        self.exchange_op(&decl.name, decl.kind, options, arguments)
+            .await
+    }
+
     async fn exchange_op(
         &self,
         name: &str,
@@ -313,65 +366,8 @@ impl AmqpTransport {
 
 impl Drop for AmqpTransport {
     fn drop(&mut self) {
-        for w in &self.watchers {
+        for w in &self.supervisors {
             w.abort();
-        }
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Side {
-    Publish,
-    Consume,
-}
-
-/// Drains one connection's event stream into the shared status, for the connection's life.
-async fn watch_events(
-    events: impl futures::Stream<Item = Event> + Send + 'static,
-    side: Side,
-    connections: [ConnectionStatus; 2],
-    status: Arc<watch::Sender<TransportStatus>>,
-) {
-    let refresh = || {
-        let connected = connections.iter().all(ConnectionStatus::connected);
-        status.send_if_modified(|s| {
-            let changed = s.connected != connected;
-            s.connected = connected;
-            changed
-        });
-    };
-    let mut events = std::pin::pin!(events);
-    let mut tick = tokio::time::interval(STATUS_REFRESH);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            event = events.next() => match event {
-                Some(Event::ConnectionBlocked(reason)) => {
-                    warn!(?side, %reason, "the broker blocked the connection");
-                    if side == Side::Publish {
-                        status.send_modify(|s| s.blocked = Some(reason));
-                    }
-                }
-                Some(Event::ConnectionUnblocked) => {
-                    info!(?side, "the broker unblocked the connection");
-                    if side == Side::Publish {
-                        status.send_modify(|s| s.blocked = None);
-                    }
-                }
-                Some(Event::Error(e)) => {
-                    debug!(?side, error = %e, "connection event: error");
-                    refresh();
-                }
-                Some(other) => {
-                    debug!(?side, event = ?other, "connection event");
-                    refresh();
-                }
-                None => {
-                    refresh();
-                    return;
-                }
-            },
-            _ = tick.tick() => refresh(),
         }
     }
 }
@@ -382,7 +378,7 @@ impl Transport for AmqpTransport {
     }
 
     fn publish(&self, message: Outbound) -> BoxFuture<'_, Result<PendingConfirm, TransportError>> {
-        Box::pin(self.publisher.publish(message))
+        Box::pin(self.inner.publisher.publish(message))
     }
 
     fn consume(
@@ -397,7 +393,13 @@ impl Transport for AmqpTransport {
             }
             let queue = convert::name(&spec.queue)?;
             let tag = convert::name(&spec.consumer_tag)?;
-            let channel = self.consume.create_channel().await.map_err(from_lapin)?;
+            let channel = self
+                .inner
+                .consume
+                .current()
+                .create_channel()
+                .await
+                .map_err(from_lapin)?;
             channel
                 .basic_qos(spec.prefetch, BasicQosOptions { global: false })
                 .await
@@ -418,10 +420,11 @@ impl Transport for AmqpTransport {
         let queue = convert::name(queue);
         Box::pin(async move {
             let queue = queue?;
-            let mut slot = self.get_channel.lock().await;
+            let mut slot = self.inner.get_channel.lock().await;
             let healthy = slot.as_ref().is_some_and(|c| c.status().connected());
             if !healthy {
-                *slot = Some(self.consume.create_channel().await.map_err(from_lapin)?);
+                let conn = self.inner.consume.current();
+                *slot = Some(conn.create_channel().await.map_err(from_lapin)?);
             }
             let Some(ch) = slot.as_ref() else {
                 return Err(TransportError::Closed {
@@ -437,36 +440,44 @@ impl Transport for AmqpTransport {
     }
 
     fn declare_exchange(&self, decl: &ExchangeDecl) -> BoxFuture<'_, Result<(), TransportError>> {
-        let arguments = convert::to_table(&decl.arguments);
-        let (name, kind) = (decl.name.clone(), decl.kind);
-        let options = ExchangeDeclareOptions {
-            passive: false,
-            durable: decl.durable,
-            auto_delete: decl.auto_delete,
-            internal: false,
-            nowait: false,
-        };
-        Box::pin(async move { self.exchange_op(&name, kind, options, arguments?).await })
+        let decl = decl.clone();
+        Box::pin(async move {
+            self.inner.declare_exchange_op(&decl).await?;
+            self.inner.declared.record(Declared::Exchange(decl));
+            Ok(())
+        })
     }
 
     fn declare_queue(&self, decl: &QueueDecl) -> BoxFuture<'_, Result<QueueInfo, TransportError>> {
         let decl = decl.clone();
-        Box::pin(async move { self.queue_op(&decl.name, false, Some(&decl)).await })
+        Box::pin(async move {
+            let info = self.inner.queue_op(&decl.name, false, Some(&decl)).await?;
+            self.inner.declared.record(Declared::Queue(decl));
+            Ok(info)
+        })
     }
 
     fn bind_queue(&self, decl: &BindingDecl) -> BoxFuture<'_, Result<(), TransportError>> {
         let decl = decl.clone();
-        Box::pin(async move { self.binding_op(&decl, true).await })
+        Box::pin(async move {
+            self.inner.binding_op(&decl, true).await?;
+            self.inner.declared.record(Declared::Binding(decl));
+            Ok(())
+        })
     }
 
     fn unbind_queue(&self, decl: &BindingDecl) -> BoxFuture<'_, Result<(), TransportError>> {
         let decl = decl.clone();
-        Box::pin(async move { self.binding_op(&decl, false).await })
+        Box::pin(async move {
+            self.inner.binding_op(&decl, false).await?;
+            self.inner.declared.forget_binding(&decl);
+            Ok(())
+        })
     }
 
     fn inspect_queue(&self, name: &str) -> BoxFuture<'_, Result<QueueInfo, TransportError>> {
         let name = name.to_owned();
-        Box::pin(async move { self.queue_op(&name, true, None).await })
+        Box::pin(async move { self.inner.queue_op(&name, true, None).await })
     }
 
     fn inspect_exchange(&self, name: &str) -> BoxFuture<'_, Result<(), TransportError>> {
@@ -476,32 +487,39 @@ impl Transport for AmqpTransport {
             ..ExchangeDeclareOptions::default()
         };
         Box::pin(async move {
-            self.exchange_op(&name, ExchangeKind::Direct, options, FieldTable::default())
+            self.inner
+                .exchange_op(&name, ExchangeKind::Direct, options, FieldTable::default())
                 .await
         })
     }
 
     fn delete_queue(&self, name: &str) -> BoxFuture<'_, Result<u32, TransportError>> {
+        let owned = name.to_owned();
         let name = convert::name(name);
         Box::pin(async move {
             let name = name?;
-            let ch = self.checkout().await?;
+            let ch = self.inner.checkout().await?;
             let deleted = ch.queue_delete(name, QueueDeleteOptions::default()).await;
-            self.checkin(ch);
-            deleted.map_err(from_lapin)
+            self.inner.checkin(ch);
+            let n = deleted.map_err(from_lapin)?;
+            self.inner.declared.forget_queue(&owned);
+            Ok(n)
         })
     }
 
     fn delete_exchange(&self, name: &str) -> BoxFuture<'_, Result<(), TransportError>> {
+        let owned = name.to_owned();
         let name = convert::name(name);
         Box::pin(async move {
             let name = name?;
-            let ch = self.checkout().await?;
+            let ch = self.inner.checkout().await?;
             let deleted = ch
                 .exchange_delete(name, ExchangeDeleteOptions::default())
                 .await;
-            self.checkin(ch);
-            deleted.map_err(from_lapin)
+            self.inner.checkin(ch);
+            deleted.map_err(from_lapin)?;
+            self.inner.declared.forget_exchange(&owned);
+            Ok(())
         })
     }
 
@@ -509,29 +527,39 @@ impl Transport for AmqpTransport {
         let name = convert::name(name);
         Box::pin(async move {
             let name = name?;
-            let ch = self.checkout().await?;
+            let ch = self.inner.checkout().await?;
             let purged = ch.queue_purge(name, QueuePurgeOptions::default()).await;
-            self.checkin(ch);
+            self.inner.checkin(ch);
             purged.map_err(from_lapin)
         })
     }
 
     fn status(&self) -> TransportStatus {
-        self.live_status()
+        self.inner.live_status()
     }
 
     fn watch_status(&self) -> watch::Receiver<TransportStatus> {
-        self.status_rx.clone()
+        self.inner.status_rx.clone()
+    }
+
+    fn recovery_events(&self) -> Option<broadcast::Receiver<RecoveryEvent>> {
+        Some(self.inner.events.subscribe())
+    }
+
+    fn recovering(&self) -> bool {
+        !self.inner.is_closed()
+            && (self.inner.publisher.link().recovering() || self.inner.consume.recovering())
     }
 
     fn close(&self) -> BoxFuture<'_, Result<(), TransportError>> {
         Box::pin(async move {
-            if self.closed.swap(true, Ordering::AcqRel) {
+            let inner = &self.inner;
+            if inner.closed.swap(true, Ordering::AcqRel) {
                 return Ok(());
             }
-            self.publisher.refuse().await;
+            inner.publisher.refuse().await;
             let mut first_error = None;
-            for conn in [self.publisher.connection(), &self.consume] {
+            for conn in [inner.publisher.link().current(), inner.consume.current()] {
                 if !conn.status().connected() {
                     continue;
                 }
@@ -550,13 +578,13 @@ impl Transport for AmqpTransport {
             }
             // Only now drop the channels: dropping one sends channel.close, which would race
             // with the connection close.
-            self.publisher.release().await;
-            self.idle.lock().unwrap_or_else(|e| e.into_inner()).clear();
-            *self.get_channel.lock().await = None;
-            for w in &self.watchers {
+            inner.publisher.release().await;
+            inner.idle.lock().unwrap_or_else(|e| e.into_inner()).clear();
+            *inner.get_channel.lock().await = None;
+            for w in &self.supervisors {
                 w.abort();
             }
-            self.status.send_modify(|s| {
+            inner.status.send_modify(|s| {
                 s.connected = false;
                 s.blocked = None;
             });

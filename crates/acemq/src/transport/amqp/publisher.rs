@@ -54,13 +54,14 @@ use std::time::Duration;
 use futures::FutureExt;
 use lapin::Confirmation as LapinConfirmation;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
-use lapin::{Channel, Connection, ConnectionStatus, PublisherConfirm};
+use lapin::{Channel, ConnectionStatus, PublisherConfirm};
 use tokio::sync::{Mutex, mpsc, oneshot, watch};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use super::convert;
 use super::errors::{from_lapin, named_exchange};
+use super::link::Link;
 use crate::error::ErrorKind;
 use crate::transport::{Confirmation, Outbound, PendingConfirm, TransportError, TransportStatus};
 
@@ -91,11 +92,13 @@ struct State {
     closed: bool,
 }
 
-/// The publishing side of the transport: owns the publishing connection.
+/// The publishing side of the transport: owns the publishing connection's link.
 pub(crate) struct Publisher {
-    conn: Connection,
+    link: Link,
     state: Mutex<State>,
     confirm_timeout: Duration,
+    /// How long a publish waits for a recovering connection.
+    publish_wait: Duration,
 }
 
 impl std::fmt::Debug for Publisher {
@@ -114,30 +117,65 @@ fn exchange_tag(exchange: &str) -> u64 {
 
 impl Publisher {
     pub(crate) fn new(
-        conn: Connection,
+        link: Link,
         status: watch::Receiver<TransportStatus>,
         confirm_timeout: Duration,
+        publish_wait: Duration,
     ) -> Self {
         Publisher {
-            conn,
+            link,
             state: Mutex::new(State {
                 live: None,
                 status,
                 closed: false,
             }),
             confirm_timeout,
+            publish_wait,
         }
     }
 
-    /// The publishing connection.
-    pub(crate) fn connection(&self) -> &Connection {
-        &self.conn
+    /// The publishing connection's link.
+    pub(crate) fn link(&self) -> &Link {
+        &self.link
+    }
+
+    /// Forgets the channel of a lost connection (its collector answers what it still holds
+    /// once lapin rejects the confirms); the next publish opens one on the new connection.
+    pub(crate) async fn reset(&self) {
+        self.state.lock().await.live = None;
+    }
+
+    /// Waits up to `publish_wait` for the link to be ready; refuses with
+    /// [`TransportError::NotConnected`] (nothing sent) otherwise.
+    async fn ready(
+        &self,
+        status: &mut watch::Receiver<TransportStatus>,
+    ) -> Result<(), TransportError> {
+        if self.link.ready() {
+            return Ok(());
+        }
+        let deadline = Instant::now() + self.publish_wait;
+        while Instant::now() < deadline {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let _ =
+                tokio::time::timeout(left.min(Duration::from_millis(100)), status.changed()).await;
+            if self.link.ready() {
+                return Ok(());
+            }
+        }
+        Err(TransportError::NotConnected {
+            detail: if self.link.recovering() {
+                "the publishing connection is recovering".into()
+            } else {
+                "the publishing connection is down".into()
+            },
+        })
     }
 
     /// `Some(reason)` while the broker blocks the publishing connection. lapin's own flag is
     /// the truth (it is set before the event is sent); the reason comes from the event.
     pub(crate) fn blocked(&self, status: &watch::Receiver<TransportStatus>) -> Option<String> {
-        if !self.conn.status().blocked() {
+        if !self.link.current().status().blocked() {
             return None;
         }
         Some(
@@ -167,6 +205,10 @@ impl Publisher {
             immediate: false,
         };
 
+        if !self.link.ready() {
+            let mut status = self.state.lock().await.status.clone();
+            self.ready(&mut status).await?;
+        }
         let mut guard = self.state.lock().await;
         let state = &mut *guard;
         if state.closed {
@@ -177,7 +219,8 @@ impl Publisher {
         if let Some(reason) = self.blocked(&state.status) {
             return Err(TransportError::Blocked { reason });
         }
-        let live = self.live(&mut state.live, &state.status).await?;
+        let conn = self.link.current();
+        let live = self.live(&mut state.live, &state.status, &conn).await?;
         state.status.mark_unchanged();
         let started = Instant::now();
         let written = {
@@ -187,7 +230,7 @@ impl Publisher {
             tokio::select! {
                 biased;
                 written = publish => written,
-                () = blocked_change(&mut state.status, &self.conn) => {
+                () = blocked_change(&mut state.status, &conn) => {
                     warn!("the broker blocked the publishing connection while a publish was queued; it is in doubt");
                     return Err(TransportError::ConfirmTimeout {
                         millis: started.elapsed().as_millis().try_into().unwrap_or(u64::MAX),
@@ -226,6 +269,7 @@ impl Publisher {
         &self,
         live: &'a mut Option<Live>,
         status: &watch::Receiver<TransportStatus>,
+        conn: &lapin::Connection,
     ) -> Result<&'a Live, TransportError> {
         let healthy = live
             .as_ref()
@@ -234,7 +278,16 @@ impl Publisher {
             if live.take().is_some() {
                 debug!("the publisher channel was closed; opening a new one");
             }
-            let channel = self.conn.create_channel().await.map_err(from_lapin)?;
+            let channel = conn
+                .create_channel()
+                .await
+                .map_err(|e| match from_lapin(e) {
+                    // The connection died under us: nothing was sent.
+                    TransportError::Closed { detail } | TransportError::Io { detail, .. } => {
+                        TransportError::NotConnected { detail }
+                    }
+                    other => other,
+                })?;
             channel
                 .confirm_select(ConfirmSelectOptions::default())
                 .await
@@ -244,7 +297,7 @@ impl Publisher {
                 channel.clone(),
                 incoming,
                 self.confirm_timeout,
-                self.conn.status().clone(),
+                conn.status().clone(),
                 status.clone(),
             ));
             *live = Some(Live { channel, collector });
@@ -268,7 +321,7 @@ impl Publisher {
 }
 
 /// Resolves once lapin reports the connection blocked (or the status sender is gone).
-async fn blocked_change(status: &mut watch::Receiver<TransportStatus>, conn: &Connection) {
+async fn blocked_change(status: &mut watch::Receiver<TransportStatus>, conn: &lapin::Connection) {
     loop {
         if conn.status().blocked() {
             return;

@@ -109,21 +109,30 @@ impl Subscription for AmqpSubscription {
             if self.ended {
                 return None;
             }
-            match self.consumer.next().await {
-                Some(Ok(d)) => Some(Ok(delivery(d))),
-                Some(Err(e)) => {
-                    if !self.channel.status().connected() {
+            loop {
+                return match self.consumer.next().await {
+                    // lapin buffers deliveries; once their channel is gone they cannot be settled
+                    // and the broker has already put them back: running them would only make a
+                    // duplicate. Drop them.
+                    Some(Ok(_)) if !self.channel.status().connected() => {
+                        debug!(tag = %self.tag, "dropping a delivery buffered before its channel closed");
+                        continue;
+                    }
+                    Some(Ok(d)) => Some(Ok(delivery(d))),
+                    Some(Err(e)) => {
+                        if !self.channel.status().connected() {
+                            self.ended = true;
+                        }
+                        Some(Err(from_lapin(e)))
+                    }
+                    None => {
                         self.ended = true;
+                        if !self.by_us {
+                            debug!(tag = %self.tag, "consumer cancelled by the broker");
+                        }
+                        None
                     }
-                    Some(Err(from_lapin(e)))
-                }
-                None => {
-                    self.ended = true;
-                    if !self.by_us {
-                        debug!(tag = %self.tag, "consumer cancelled by the broker");
-                    }
-                    None
-                }
+                };
             }
         })
     }

@@ -127,7 +127,22 @@ pub(crate) struct State {
     /// Status senders of the open connections.
     pub connections: FastMap<u64, Arc<watch::Sender<TransportStatus>>>,
     pub blocked: Option<String>,
+    /// While set, new connections are refused (a broker that is down, for recovery tests).
+    pub down: bool,
+    /// Faults injected by tests.
+    pub faults: Faults,
     next_id: u64,
+}
+
+/// Faults a test injected; each counts down as it is applied.
+#[derive(Debug, Default)]
+pub(crate) struct Faults {
+    /// Acks that are answered as sent but requeue the message instead.
+    pub lose_acks: u32,
+    /// Publishes whose message is routed but whose confirm is lost (in doubt).
+    pub lose_confirms: u32,
+    /// How long confirms are held back.
+    pub confirm_delay: Option<std::time::Duration>,
 }
 
 fn registry() -> &'static Mutex<HashMap<String, Arc<MemoryBroker>>> {
@@ -273,6 +288,8 @@ impl State {
             channels: FastMap::default(),
             connections: FastMap::default(),
             blocked: None,
+            down: false,
+            faults: Faults::default(),
             next_id: 1,
         }
     }

@@ -335,11 +335,17 @@ impl State {
             .channels
             .get_mut(&channel)
             .ok_or(TransportError::AckNotSent)?;
-        let (multiple, requeue, ack) = match settlement {
+        let (multiple, mut requeue, mut ack) = match settlement {
             Settlement::Ack { multiple } => (multiple, false, true),
             Settlement::Nack { multiple, requeue } => (multiple, requeue, false),
             Settlement::Reject { requeue } => (false, requeue, false),
         };
+        if ack && self.faults.lose_acks > 0 {
+            // An injected fault: the ack is "sent" but never arrives; the message comes
+            // back, redelivered (a duplicate delivery).
+            self.faults.lose_acks -= 1;
+            (ack, requeue) = (false, true);
+        }
         let mut work = Work::new();
         let credit = ch.consumer.as_ref().map(|c| c.queue.clone());
         if !multiple {

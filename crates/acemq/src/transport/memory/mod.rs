@@ -57,18 +57,20 @@ mod dispatch;
 mod expiry;
 mod inspect;
 mod queue;
+mod recover;
 mod routing;
 mod subscription;
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
 
-use tokio::sync::watch;
+use tokio::sync::{broadcast, watch};
 use tokio::time::Instant;
 
 pub use broker::MemoryBroker;
 pub use inspect::MessageSnapshot;
 
+use super::recovery::{Declared, DeclaredTopology, Events, RecoveryEvent, RecoveryPolicy};
 use super::{
     BoxFuture, ConsumeSpec, Delivery, Outbound, PendingConfirm, QueueInfo, Subscription, Transport,
     TransportError, TransportStatus,
@@ -118,6 +120,11 @@ impl Drop for Connection {
 
 /// A connection to the in-process broker `memory://{name}`.
 ///
+/// Like the AMQP transport it recovers: a connection lost through
+/// [`MemoryTransport::drop_connection`] (a fault injected by a test) is redialled under its
+/// [`RecoveryPolicy`] in `tokio` time, its topology declared again, and consumers
+/// re-subscribe.
+///
 /// ```
 /// use acemq::transport::{Transport, memory::MemoryTransport};
 /// let t = MemoryTransport::connect("doc-connect");
@@ -126,7 +133,42 @@ impl Drop for Connection {
 /// ```
 #[derive(Debug)]
 pub struct MemoryTransport {
-    conn: Arc<Connection>,
+    inner: Arc<Inner>,
+}
+
+/// The transport's state, shared with its recovery task.
+#[derive(Debug)]
+pub(crate) struct Inner {
+    broker: Arc<MemoryBroker>,
+    /// The same sender across connections, so watchers see the loss and the recovery.
+    status: Arc<watch::Sender<TransportStatus>>,
+    conn: RwLock<Arc<Connection>>,
+    /// Closed by its user: never recovered.
+    closed: AtomicBool,
+    recovering: AtomicBool,
+    policy: std::sync::Mutex<RecoveryPolicy>,
+    declared: DeclaredTopology,
+    events: Events,
+}
+
+/// Opens one connection to `broker`, reporting through `status`.
+fn open(broker: &Arc<MemoryBroker>, status: &Arc<watch::Sender<TransportStatus>>) -> Connection {
+    let mut st = broker.lock();
+    let id = st.next_id();
+    let get_channel = st.next_id();
+    st.channels.insert(get_channel, Channel::new(id, None));
+    status.send_modify(|s| {
+        s.connected = true;
+        s.blocked = st.blocked.clone();
+    });
+    st.connections.insert(id, status.clone());
+    Connection {
+        id,
+        broker: broker.clone(),
+        status: status.clone(),
+        closed: AtomicBool::new(false),
+        get_channel,
+    }
 }
 
 impl MemoryTransport {
@@ -141,27 +183,33 @@ impl MemoryTransport {
     /// ```
     pub fn connect(name: &str) -> MemoryTransport {
         let broker = MemoryBroker::named(name);
-        let (id, get_channel, status) = {
-            let mut st = broker.lock();
-            let id = st.next_id();
-            let get_channel = st.next_id();
-            st.channels.insert(get_channel, Channel::new(id, None));
-            let status = Arc::new(watch::Sender::new(TransportStatus {
-                connected: true,
-                blocked: st.blocked.clone(),
-            }));
-            st.connections.insert(id, status.clone());
-            (id, get_channel, status)
-        };
+        let status = Arc::new(watch::Sender::new(TransportStatus::default()));
+        let conn = open(&broker, &status);
         MemoryTransport {
-            conn: Arc::new(Connection {
-                id,
+            inner: Arc::new(Inner {
                 broker,
                 status,
+                conn: RwLock::new(Arc::new(conn)),
                 closed: AtomicBool::new(false),
-                get_channel,
+                recovering: AtomicBool::new(false),
+                policy: std::sync::Mutex::new(RecoveryPolicy::default()),
+                declared: DeclaredTopology::default(),
+                events: Events::default(),
             }),
         }
+    }
+
+    /// Sets how a lost connection is redialled (default: 1 s doubling to 30 s, forever).
+    ///
+    /// ```
+    /// use acemq::transport::memory::MemoryTransport;
+    /// use acemq::transport::recovery::RecoveryPolicy;
+    /// let t = MemoryTransport::connect("doc-policy").with_recovery(RecoveryPolicy::disabled());
+    /// # drop(t);
+    /// ```
+    pub fn with_recovery(self, policy: RecoveryPolicy) -> Self {
+        *self.inner.policy.lock().unwrap_or_else(|e| e.into_inner()) = policy;
+        self
     }
 
     /// The broker this transport is connected to.
@@ -172,7 +220,16 @@ impl MemoryTransport {
     /// assert_eq!(t.broker().name(), "doc-broker-of");
     /// ```
     pub fn broker(&self) -> Arc<MemoryBroker> {
-        self.conn.broker.clone()
+        self.inner.broker.clone()
+    }
+
+    /// Recovery events (lost, retrying, recovered, gave up) from now on.
+    pub fn recovery_events(&self) -> broadcast::Receiver<RecoveryEvent> {
+        self.inner.events.subscribe()
+    }
+
+    fn conn(&self) -> Arc<Connection> {
+        self.inner.conn()
     }
 
     /// Runs one synchronous broker operation on an open connection.
@@ -180,9 +237,34 @@ impl MemoryTransport {
         &self,
         op: impl FnOnce(&mut broker::State, u64) -> Result<T, TransportError>,
     ) -> Result<T, TransportError> {
-        self.conn.check_open()?;
-        let mut st = self.conn.broker.lock();
-        op(&mut st, self.conn.id)
+        let conn = self.conn();
+        if let Err(e) = conn.check_open() {
+            if self.inner.recovering.load(Ordering::Acquire) {
+                return Err(TransportError::NotConnected {
+                    detail: format!("memory://{} is recovering", conn.broker.name()),
+                });
+            }
+            return Err(e);
+        }
+        let mut st = conn.broker.lock();
+        op(&mut st, conn.id)
+    }
+
+    /// [`Self::with`], then records the declaration for recovery when it succeeded.
+    fn declaring<T>(
+        &self,
+        declared: Declared,
+        op: impl FnOnce(&mut broker::State, u64) -> Result<T, TransportError>,
+    ) -> Result<T, TransportError> {
+        let r = self.with(op)?;
+        self.inner.declared.record(declared);
+        Ok(r)
+    }
+}
+
+impl Inner {
+    fn conn(&self) -> Arc<Connection> {
+        self.conn.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 }
 
@@ -198,49 +280,79 @@ impl Transport for MemoryTransport {
     /// Publishes synchronously: the confirm is already known when the first future
     /// resolves. A missing exchange fails here (not at confirm time) with `NotFound`.
     fn publish(&self, message: Outbound) -> BoxFuture<'_, Result<PendingConfirm, TransportError>> {
-        let r = self.with(|st, _| st.publish(message));
-        ready(r.map(|c| -> PendingConfirm { Box::pin(std::future::ready(Ok(c))) }))
+        let r = self.with(|st, _| {
+            let confirmed = st.publish(message)?;
+            let lost = st.faults.lose_confirms > 0;
+            if lost {
+                st.faults.lose_confirms -= 1;
+            }
+            Ok((confirmed, lost, st.faults.confirm_delay))
+        });
+        ready(r.map(|(c, lost, delay)| -> PendingConfirm {
+            let answer = if lost {
+                Err(TransportError::ConfirmLost {
+                    detail: "an injected fault lost the confirm".into(),
+                    source: None,
+                })
+            } else {
+                Ok(c)
+            };
+            match delay {
+                None => Box::pin(std::future::ready(answer)),
+                Some(d) => Box::pin(async move {
+                    tokio::time::sleep(d).await;
+                    answer
+                }),
+            }
+        }))
     }
 
     fn consume(
         &self,
         spec: ConsumeSpec,
     ) -> BoxFuture<'_, Result<Box<dyn Subscription>, TransportError>> {
+        let conn = self.conn();
         let r = self
             .with(|st, conn| st.consume(conn, &spec, Instant::now()))
             .map(|(channel, rx, closed)| -> Box<dyn Subscription> {
-                Box::new(MemorySubscription::new(
-                    self.conn.clone(),
-                    channel,
-                    rx,
-                    closed,
-                ))
+                Box::new(MemorySubscription::new(conn, channel, rx, closed))
             });
         ready(r)
     }
 
     fn get(&self, queue: &str) -> BoxFuture<'_, Result<Option<Delivery>, TransportError>> {
-        let channel = self.conn.get_channel;
+        let conn = self.conn();
+        let channel = conn.get_channel;
         let r = self
             .with(|st, conn| st.get(conn, channel, queue, Instant::now()))
-            .map(|p| p.map(|p| subscription::delivery(p, &self.conn.broker, channel)));
+            .map(|p| p.map(|p| subscription::delivery(p, &conn.broker, channel)));
         ready(r)
     }
 
     fn declare_exchange(&self, decl: &ExchangeDecl) -> BoxFuture<'_, Result<(), TransportError>> {
-        ready(self.with(|st, _| st.declare_exchange(decl)))
+        ready(self.declaring(Declared::Exchange(decl.clone()), |st, _| {
+            st.declare_exchange(decl)
+        }))
     }
 
     fn declare_queue(&self, decl: &QueueDecl) -> BoxFuture<'_, Result<QueueInfo, TransportError>> {
-        ready(self.with(|st, conn| st.declare_queue(conn, decl)))
+        ready(self.declaring(Declared::Queue(decl.clone()), |st, conn| {
+            st.declare_queue(conn, decl)
+        }))
     }
 
     fn bind_queue(&self, decl: &BindingDecl) -> BoxFuture<'_, Result<(), TransportError>> {
-        ready(self.with(|st, conn| st.bind(conn, decl)))
+        ready(self.declaring(Declared::Binding(decl.clone()), |st, conn| {
+            st.bind(conn, decl)
+        }))
     }
 
     fn unbind_queue(&self, decl: &BindingDecl) -> BoxFuture<'_, Result<(), TransportError>> {
-        ready(self.with(|st, conn| st.unbind(conn, decl)))
+        let r = self.with(|st, conn| st.unbind(conn, decl));
+        if r.is_ok() {
+            self.inner.declared.forget_binding(decl);
+        }
+        ready(r)
     }
 
     fn inspect_queue(&self, name: &str) -> BoxFuture<'_, Result<QueueInfo, TransportError>> {
@@ -265,6 +377,7 @@ impl Transport for MemoryTransport {
                 return Ok(0);
             }
             st.accessible_queue(name, conn)?;
+            self.inner.declared.forget_queue(name);
             Ok(st.remove_queue(name))
         }))
     }
@@ -272,7 +385,11 @@ impl Transport for MemoryTransport {
     /// Deletes an exchange and its bindings; deleting a missing one succeeds, as in
     /// RabbitMQ 3.10.
     fn delete_exchange(&self, name: &str) -> BoxFuture<'_, Result<(), TransportError>> {
-        ready(self.with(|st, _| st.delete_exchange(name)))
+        let r = self.with(|st, _| st.delete_exchange(name));
+        if r.is_ok() {
+            self.inner.declared.forget_exchange(name);
+        }
+        ready(r)
     }
 
     fn purge_queue(&self, name: &str) -> BoxFuture<'_, Result<u32, TransportError>> {
@@ -280,15 +397,24 @@ impl Transport for MemoryTransport {
     }
 
     fn status(&self) -> TransportStatus {
-        self.conn.status.borrow().clone()
+        self.inner.status.borrow().clone()
     }
 
     fn watch_status(&self) -> watch::Receiver<TransportStatus> {
-        self.conn.status.subscribe()
+        self.inner.status.subscribe()
+    }
+
+    fn recovery_events(&self) -> Option<broadcast::Receiver<RecoveryEvent>> {
+        Some(self.inner.events.subscribe())
+    }
+
+    fn recovering(&self) -> bool {
+        self.inner.recovering.load(Ordering::Acquire)
     }
 
     fn close(&self) -> BoxFuture<'_, Result<(), TransportError>> {
-        self.conn.close();
+        self.inner.closed.store(true, Ordering::Release);
+        self.conn().close();
         ready(Ok(()))
     }
 }

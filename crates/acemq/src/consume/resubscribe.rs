@@ -1,0 +1,71 @@
+//! Getting a consumer's subscription back after the broker ended it: its connection was
+//! lost (the transport is recovering), the broker cancelled it (queue deleted, node down),
+//! or subscribing failed.
+//!
+//! The consumer waits until the transport is connected, subscribes again with the same
+//! spec (queue, prefetch, the consumer's own stable tag), and on failure waits with
+//! backoff (100 ms doubling to 30 s, jittered) and tries again, for as long as the consumer
+//! is not stopped. Meanwhile the consumer shows Degraded in health with the reason.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::transport::recovery::RecoveryPolicy;
+use crate::transport::{ConsumeSpec, Subscription, Transport};
+
+/// The backoff between attempts to subscribe again.
+pub(crate) fn backoff() -> RecoveryPolicy {
+    RecoveryPolicy::default().delays(Duration::from_millis(100), Duration::from_secs(30))
+}
+
+/// Subscribes again, waiting for the transport and backing off between failures; `None`
+/// once `stop` is cancelled. `degraded` is told why the consumer is not consuming (each
+/// time the reason changes).
+pub(crate) async fn resubscribe(
+    transport: &Arc<dyn Transport>,
+    spec: &ConsumeSpec,
+    stop: &CancellationToken,
+    mut degraded: impl FnMut(String),
+) -> Option<Box<dyn Subscription>> {
+    let policy = backoff();
+    let mut status = transport.watch_status();
+    let mut attempt = 0u32;
+    loop {
+        // Wait for the connection first: subscribing on a recovering transport only fails.
+        while !transport.status().connected {
+            degraded(format!(
+                "waiting for the connection to {} to recover",
+                transport.kind()
+            ));
+            tokio::select! {
+                biased;
+                _ = stop.cancelled() => return None,
+                changed = status.changed() => if changed.is_err() {
+                    // The transport is gone: poll rather than spin.
+                    tokio::select! {
+                        _ = stop.cancelled() => return None,
+                        _ = tokio::time::sleep(policy.max_delay()) => {}
+                    }
+                },
+            }
+        }
+        attempt += 1;
+        match transport.consume(spec.clone()).await {
+            Ok(sub) => {
+                tracing::info!(queue = %spec.queue, attempt, "consumer subscribed again");
+                return Some(sub);
+            }
+            Err(e) => {
+                tracing::warn!(queue = %spec.queue, attempt, error = %e, "subscribing again failed; will retry");
+                degraded(format!("cannot subscribe to {}: {e}", spec.queue));
+            }
+        }
+        tokio::select! {
+            biased;
+            _ = stop.cancelled() => return None,
+            _ = tokio::time::sleep(policy.delay(attempt)) => {}
+        }
+    }
+}
