@@ -15,7 +15,7 @@ use acemq::consume::{ConsumerOptions, HandlerError, Message};
 use acemq::envelope::{self, Envelope};
 use acemq::headers::HeaderValue;
 use acemq::retry::RetryPolicy;
-use acemq::topology::{QueueDecl, rung_decl};
+use acemq::topology::{QueueDecl, retry_queue, rung_decl};
 use acemq::transport::{Delivery, Properties};
 use acemq::{Connection, Error};
 use support::{
@@ -586,6 +586,9 @@ async fn a_six_hour_ladder_runs_to_dlq_in_well_under_a_second_on_a_paused_clock(
         4,
         "every wait is on a rung: {policy}"
     );
+    let rungs = policy.broker_rungs();
+    let ladder: Duration = rungs.iter().sum();
+    let virtual_start = tokio::time::Instant::now();
     let seen = Seen::default();
     let s = seen.clone();
     let consumer = mq
@@ -625,5 +628,39 @@ async fn a_six_hour_ladder_runs_to_dlq_in_well_under_a_second_on_a_paused_clock(
         "took {:?} of wall time",
         wall.elapsed()
     );
+    // The ladder's time was spent (in virtual time): at least the sum of its delays, and
+    // not much more than that plus one poll.
+    let spent = virtual_start.elapsed();
+    assert!(
+        spent >= ladder && spent <= ladder + Duration::from_secs(5 * 60),
+        "virtual time spent {spent:?}, the ladder sums to {ladder:?}"
+    );
+    // The waits were spent on the rungs: the dead letter carries one `x-death` entry per
+    // rung queue (reason `expired`, once each), which only the broker's TTL expiry writes.
+    let d = take_one(&**mq.transport(), &dlq, WAIT).await;
+    let deaths = d
+        .properties
+        .headers
+        .get("x-death")
+        .and_then(HeaderValue::as_array)
+        .expect("x-death on the dead letter: it went through the rungs");
+    let mut visited: Vec<(String, String, i64)> = deaths
+        .iter()
+        .map(|entry| {
+            let t = entry.as_table().expect("x-death entries are tables");
+            (
+                t["queue"].as_str().unwrap_or_default().to_owned(),
+                t["reason"].as_str().unwrap_or_default().to_owned(),
+                t["count"].as_i64().unwrap_or_default(),
+            )
+        })
+        .collect();
+    visited.sort();
+    let mut want: Vec<(String, String, i64)> = rungs
+        .iter()
+        .map(|delay| (retry_queue(q, *delay), "expired".to_owned(), 1))
+        .collect();
+    want.sort();
+    assert_eq!(visited, want, "each rung visited once, by TTL expiry");
     consumer.close().await;
 }
