@@ -127,6 +127,8 @@ pub(crate) struct State {
     /// Status senders of the open connections.
     pub connections: FastMap<u64, Arc<watch::Sender<TransportStatus>>>,
     pub blocked: Option<String>,
+    /// Settlements received, by kind (read by `MemoryBroker::settlements`).
+    pub settlements: super::inspect::SettlementCounts,
     next_id: u64,
 }
 
@@ -273,6 +275,7 @@ impl State {
             channels: FastMap::default(),
             connections: FastMap::default(),
             blocked: None,
+            settlements: Default::default(),
             next_id: 1,
         }
     }

@@ -67,7 +67,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 pub use broker::MemoryBroker;
-pub use inspect::MessageSnapshot;
+pub use inspect::{MessageSnapshot, SettlementCounts};
 
 use super::{
     BoxFuture, ConsumeSpec, Delivery, Outbound, PendingConfirm, QueueInfo, Subscription, Transport,
