@@ -564,6 +564,75 @@ async fn a_consumer_refuses_to_start_when_its_rung_exists_with_other_arguments()
     .await;
 }
 
+/// With no retry policy, a failing message is retried every 5 s (seed 000, README), and
+/// never dead-lettered. On a paused clock the gaps are exactly the delay.
+#[tokio::test(start_paused = true)]
+async fn with_no_policy_a_failure_is_retried_every_five_seconds() {
+    let mq = Connection::connect(&format!("memory://{}", unique("no-policy")))
+        .await
+        .unwrap();
+    let q = "orders.no-policy";
+    mq.transport()
+        .declare_queue(&QueueDecl::classic(q))
+        .await
+        .unwrap();
+    let runs: Arc<Mutex<Vec<(i32, tokio::time::Instant)>>> = Arc::default();
+    let r = runs.clone();
+    let consumer = mq
+        .consume(
+            q,
+            ConsumerOptions::default(),
+            move |m: Message<serde_json::Value>| {
+                let r = r.clone();
+                async move {
+                    let mut runs = r.lock().unwrap();
+                    runs.push((m.attempt(), tokio::time::Instant::now()));
+                    if runs.len() < 4 {
+                        Err(HandlerError::retry("not yet"))
+                    } else {
+                        Ok(())
+                    }
+                }
+            },
+        )
+        .await
+        .unwrap();
+    send_json(&mq, q, "no-policy-1").await;
+    // Poll in virtual 100 ms steps (each poll is itself a timer on the paused clock).
+    for _ in 0..1000 {
+        if consumer.stats().acked == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let stats = consumer.stats();
+    assert_eq!((stats.acked, stats.retried), (1, 3), "{stats:?}");
+    assert_eq!(stats.dead_lettered, 0);
+    let runs = runs.lock().unwrap().clone();
+    assert_eq!(
+        runs.iter().map(|(a, _)| *a).collect::<Vec<_>>(),
+        vec![1, 2, 3, 4],
+        "each retry is the next attempt"
+    );
+    for pair in runs.windows(2) {
+        let gap = pair[1].1 - pair[0].1;
+        assert!(
+            gap >= Duration::from_secs(5) && gap < Duration::from_millis(5200),
+            "retried after {gap:?}, not 5 s"
+        );
+    }
+    assert_eq!(
+        mq.transport()
+            .inspect_queue(&format!("{q}.dlq"))
+            .await
+            .unwrap()
+            .message_count,
+        0,
+        "nothing dead-lettered"
+    );
+    consumer.close().await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_six_hour_ladder_runs_to_dlq_in_well_under_a_second_on_a_paused_clock() {
     let wall = std::time::Instant::now();
