@@ -1,6 +1,7 @@
 //! Observability end to end (issue 5) on `memory://` and RabbitMQ: interceptors around
 //! publish and consume, health from local state, the family's metrics on `/acemq-metrics`
-//! after a run with retries, dead letters and parks, and a trace that crosses connections.
+//! after a run with retries, dead letters and parks, a trace that crosses connections, and
+//! health Down after a dropped connection.
 //!
 //! This binary installs the global Prometheus recorder (through the actuator), once.
 
@@ -583,4 +584,79 @@ async fn metrics_endpoint_counts_outcomes_and_a_trace_crosses_connections() {
     })
     .await;
     actuator.shutdown().await;
+}
+
+/// A dropped connection (README "Not yet"): health shows the connection Down, and nothing
+/// is lost: the delivery its handler was holding is back on the queue. On `memory://` the
+/// transport underneath is closed; on RabbitMQ the broker closes this test's own consuming
+/// connection, found by its unique name (no other client's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_connection_is_down_in_health_and_loses_nothing() {
+    on_each_target(|target: Target| async move {
+        let name = unique("dropped");
+        let mq = match &target {
+            Target::Memory(_) => Connection::connect(&target.url()).await.unwrap(),
+            Target::Amqp(url) => {
+                let t = acemq::transport::amqp::AmqpTransport::connect_with(
+                    url,
+                    acemq::transport::amqp::AmqpOptions::default().connection_name(&name),
+                )
+                .await
+                .unwrap();
+                Connection::with_transport(
+                    Arc::new(t),
+                    acemq::connection::ConnectionOptions::default(),
+                )
+            }
+        };
+        let q = unique("dropped");
+        declare_classic(&mq, &q).await;
+        let release = Arc::new(tokio::sync::Notify::new());
+        let r = release.clone();
+        let consumer = mq
+            .consume(&q, ConsumerOptions::default(), move |_m: Message<u32>| {
+                let r = r.clone();
+                async move {
+                    r.notified().await;
+                    Ok(())
+                }
+            })
+            .await
+            .unwrap();
+        mq.publisher::<u32>("", &q).send(&1).await.unwrap();
+        eventually(WAIT, "the handler holds the delivery", || async {
+            (mq.in_flight() == 1).then_some(())
+        })
+        .await;
+        assert_eq!(mq.health().status, HealthStatus::Up);
+
+        match &target {
+            Target::Memory(_) => mq.transport().close().await.unwrap(),
+            Target::Amqp(_) => {
+                support::close_rabbit_connection_named(&format!("{name} (consume)"))
+                    .await
+                    .unwrap_or_else(|why| panic!("closing our own connection: {why}"));
+            }
+        }
+        let health = eventually(WAIT, "health to show the connection Down", || async {
+            let h = mq.health();
+            (h.report("connection").map(|r| r.status) == Some(HealthStatus::Down)).then_some(h)
+        })
+        .await;
+        assert_eq!(health.status, HealthStatus::Down, "overall Down");
+        assert_eq!(
+            health.report("connection").unwrap().detail("open"),
+            Some("false")
+        );
+        release.notify_waiters();
+
+        // Nothing lost: the unacked delivery is back on the queue, for a new connection.
+        let fresh = Connection::connect(&target.url()).await.unwrap();
+        let d = take_one(&**fresh.transport(), &q, WAIT).await;
+        assert_eq!(&d.body[..], b"1");
+        assert_eq!(consumer.stats().acked, 0, "nothing was acked");
+        teardown(&fresh, &q, &[]).await;
+        mq.close_now().await.ok();
+    })
+    .await;
 }
