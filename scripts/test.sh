@@ -5,6 +5,7 @@
 #   2. cargo fmt --check
 #   3. cargo clippy (all targets, all features, warnings are errors)
 #   4. cargo test --workspace --all-features [extra args]
+#   5. cargo run -p acemq --example quickstart, on memory:// and on RabbitMQ (ACEMQ_URL)
 #
 # Stops at the first failure. Works from any directory. Extra arguments go to
 # `cargo test`, e.g. `scripts/test.sh -- --nocapture`.
@@ -78,5 +79,12 @@ cargo clippy --workspace --all-targets --all-features -- -D warnings
 
 step "cargo test --workspace --all-features $*"
 cargo test --workspace --all-features "$@"
+
+# The README's first command must work: the quickstart on memory://, then on the broker.
+step "cargo run -p acemq --example quickstart (memory://)"
+env -u ACEMQ_URL cargo run -q -p acemq --example quickstart
+
+step "cargo run -p acemq --example quickstart (RabbitMQ at ACEMQ_TEST_AMQP_URL)"
+ACEMQ_URL="$ACEMQ_TEST_AMQP_URL" cargo run -q -p acemq --example quickstart
 
 step "all checks passed"

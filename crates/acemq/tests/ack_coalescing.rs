@@ -11,6 +11,7 @@ use std::time::Duration;
 use acemq::Connection;
 use acemq::consume::{ConsumerOptions, HandlerError, Message};
 use acemq::topology::QueueDecl;
+use acemq::transport::memory::MemoryBroker;
 use support::{Target, eventually, on_each_target, unique};
 use tokio::sync::Semaphore;
 
@@ -104,6 +105,23 @@ async fn case(target: Target) {
     );
     let info = mq.transport().inspect_queue(&q).await.unwrap();
     assert_eq!(info.message_count, 0, "nothing left unacked or requeued");
+    // What reached the broker (observable on memory://): the six acks went out coalesced,
+    // as `multiple` acks (m1+m2 before m3's requeue, then m4..m6 and m3's redelivery) in at
+    // most three frames, each delivery covered exactly once, and m3 nacked (requeued) once.
+    if let Target::Memory(name) = &target {
+        let s = MemoryBroker::named(name).settlements();
+        assert!(s.multiple_acks >= 1, "a multiple ack was sent: {s:?}");
+        assert_eq!(
+            s.single_acks + s.acked_by_multiple,
+            6,
+            "every delivery acked exactly once: {s:?}"
+        );
+        assert!(
+            s.single_acks + s.multiple_acks <= 3,
+            "six acks in at most three frames: {s:?}"
+        );
+        assert_eq!((s.nacks, s.rejects), (1, 0), "m3 requeued once: {s:?}");
+    }
 
     for suffix in ["", ".dlq", ".parked"] {
         let _ = mq.transport().delete_queue(&format!("{q}{suffix}")).await;

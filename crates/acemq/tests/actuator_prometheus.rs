@@ -68,6 +68,38 @@ async fn metrics_endpoint_renders_family_names_with_underscores() {
         "{body}"
     );
     assert!(body.contains("acemq_consume_duration"), "{body}");
+    // Exact counts, not just presence: one confirmed publish, two retried and one parked
+    // consume timings.
+    let sample = |metric: &str, labels: &[&str]| -> Option<String> {
+        body.lines()
+            .find(|l| l.starts_with(&format!("{metric}{{")) && labels.iter().all(|x| l.contains(x)))
+            .and_then(|l| l.rsplit(' ').next())
+            .map(str::to_owned)
+    };
+    assert_eq!(
+        sample(
+            "acemq_publish_total",
+            &["routing_key=\"orders.placed\"", "outcome=\"confirmed\""]
+        )
+        .as_deref(),
+        Some("1"),
+        "{body}"
+    );
+    assert_eq!(
+        sample("acemq_consume_duration_count", &["outcome=\"retried\""]).as_deref(),
+        Some("2"),
+        "{body}"
+    );
+    assert_eq!(
+        sample("acemq_consume_duration_count", &["outcome=\"parked\""]).as_deref(),
+        Some("1"),
+        "{body}"
+    );
+    assert_eq!(
+        sample("acemq_publish_duration_count", &["outcome=\"confirmed\""]).as_deref(),
+        Some("1"),
+        "{body}"
+    );
 
     // A second install fails: the global recorder is taken.
     let second = Actuator::builder()

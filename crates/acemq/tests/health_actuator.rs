@@ -1,69 +1,73 @@
-//! The actuator over a real socket: status codes, the health document, info and 404.
+//! The actuator over a real socket: status codes, the health document, info and 404,
+//! served for a real [`Connection`] on `memory://` (its health, in-flight count and info,
+//! not a stand-in's).
 #![cfg(feature = "actuator")]
 
 mod http_client;
+mod support;
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::time::Duration;
 
+use acemq::Connection;
 use acemq::actuator::{Actuator, ActuatorHandle, InfoDoc};
-use acemq::health::{
-    Health, HealthContributor, HealthRegistry, HealthReport, HealthStatus, connection_report,
-};
-use acemq::transport::TransportStatus;
+use acemq::connection::CAPABILITIES;
+use acemq::consume::{Consumer, ConsumerOptions, Message};
+use acemq::health::{HealthContributor, HealthReport, HealthStatus};
+use acemq::transport::memory::MemoryBroker;
+use support::{declare_classic, eventually, unique};
+
+const WAIT: Duration = Duration::from_secs(10);
 
 fn any_port() -> SocketAddr {
     "127.0.0.1:0".parse().expect("address")
 }
 
-/// What a connection would hold: its transport status and a registry of contributors.
-#[derive(Clone)]
-struct FakeConnection {
-    status: Arc<Mutex<TransportStatus>>,
-    registry: Arc<HealthRegistry>,
+/// A real connection on a fresh `memory://` broker, and that broker.
+async fn connect() -> (Connection, Arc<MemoryBroker>) {
+    let name = unique("health-actuator");
+    let mq = Connection::connect(&format!("memory://{name}"))
+        .await
+        .expect("connect");
+    (mq, MemoryBroker::named(&name))
 }
 
-impl FakeConnection {
-    fn new() -> Self {
-        FakeConnection {
-            status: Arc::new(Mutex::new(TransportStatus {
-                connected: true,
-                blocked: None,
-            })),
-            registry: Arc::new(HealthRegistry::new()),
-        }
-    }
-
-    fn set(&self, connected: bool, blocked: Option<&str>) {
-        *self.status.lock().expect("lock") = TransportStatus {
-            connected,
-            blocked: blocked.map(str::to_owned),
-        };
-    }
-
-    /// Exactly what `Connection::health()` is meant to do.
-    fn health(&self) -> Health {
-        let status = self.status.lock().expect("lock").clone();
-        self.registry.evaluate_with([connection_report(
-            &status,
-            &[("transport", "memory".to_string())],
-        )])
-    }
-}
-
-async fn start(conn: &FakeConnection) -> ActuatorHandle {
-    let c = conn.clone();
-    Actuator::builder()
-        .bind(any_port())
-        .health(move || c.health())
-        .in_flight(|| 3)
-        .info(InfoDoc::new(
-            "memory",
-            vec!["confirms".into(), "broker-retry".into()],
-        ))
-        .start()
+/// The connection's own actuator (`Connection::start_actuator`), no recorder installed.
+async fn start(mq: &Connection) -> ActuatorHandle {
+    mq.start_actuator(any_port(), false)
         .await
         .expect("actuator starts")
+}
+
+/// Three handlers running at once and held until `release` is notified: the
+/// connection's in-flight count is 3.
+async fn three_in_flight(mq: &Connection, release: Arc<tokio::sync::Notify>) -> Consumer {
+    let q = unique("health-actuator.busy");
+    declare_classic(mq, &q).await;
+    let consumer = mq
+        .consume(
+            &q,
+            ConsumerOptions::default().concurrency(3).prefetch(3),
+            move |_m: Message<u32>| {
+                let release = release.clone();
+                async move {
+                    release.notified().await;
+                    Ok(())
+                }
+            },
+        )
+        .await
+        .expect("consume");
+    let p = mq.publisher::<u32>("", &q);
+    for n in 0..3 {
+        p.send(&n).await.expect("publish");
+    }
+    eventually(WAIT, "three handlers in flight", || async {
+        (mq.in_flight() == 3).then_some(())
+    })
+    .await;
+    consumer
 }
 
 struct Fixed(HealthStatus);
@@ -88,7 +92,9 @@ impl HealthContributor for Panics {
 
 #[tokio::test]
 async fn up_degraded_down_answer_200_200_503() {
-    let conn = FakeConnection::new();
+    let (conn, _broker) = connect().await;
+    let release = Arc::new(tokio::sync::Notify::new());
+    let busy = three_in_flight(&conn, release.clone()).await;
     let actuator = start(&conn).await;
     let addr = actuator.local_addr();
     assert_ne!(addr.port(), 0);
@@ -112,8 +118,7 @@ async fn up_degraded_down_answer_200_200_503() {
         "memory"
     );
 
-    conn.registry
-        .register(Arc::new(Fixed(HealthStatus::Degraded)));
+    conn.register_health(Fixed(HealthStatus::Degraded));
     let a = http_client::get(addr, "/acemq-health").await;
     assert_eq!(a.status, 200, "Degraded still answers 200: {}", a.body);
     let doc = a.json();
@@ -124,7 +129,13 @@ async fn up_degraded_down_answer_200_200_503() {
         "1"
     );
 
-    conn.set(false, None);
+    // The transport underneath goes away (as a dropped connection does).
+    release.notify_waiters();
+    conn.transport().close().await.expect("close the transport");
+    eventually(WAIT, "the connection reported closed", || async {
+        (!conn.status().connected).then_some(())
+    })
+    .await;
     let a = http_client::get(addr, "/acemq-health").await;
     assert_eq!(a.status, 503, "{}", a.body);
     let doc = a.json();
@@ -137,12 +148,18 @@ async fn up_degraded_down_answer_200_200_503() {
         tokio::net::TcpStream::connect(addr).await.is_err(),
         "the port is released after shutdown"
     );
+    busy.close().await;
+    conn.close_now().await.ok();
 }
 
 #[tokio::test]
 async fn a_blocked_connection_is_up_with_its_reason() {
-    let conn = FakeConnection::new();
-    conn.set(true, Some("low on memory"));
+    let (conn, broker) = connect().await;
+    broker.block("low on memory");
+    eventually(WAIT, "the blocked state", || async {
+        conn.status().blocked.is_some().then_some(())
+    })
+    .await;
     let actuator = start(&conn).await;
     let a = http_client::get(actuator.local_addr(), "/acemq-health").await;
     assert_eq!(a.status, 200, "{}", a.body);
@@ -157,13 +174,15 @@ async fn a_blocked_connection_is_up_with_its_reason() {
         "the broker has blocked this connection: low on memory"
     );
     actuator.shutdown().await;
+    broker.unblock();
+    conn.close().await.expect("close");
 }
 
 #[tokio::test]
 async fn a_panicking_contributor_is_down_and_the_endpoint_still_answers() {
-    let conn = FakeConnection::new();
-    conn.registry.register(Arc::new(Panics));
-    conn.registry.register(Arc::new(Fixed(HealthStatus::Up)));
+    let (conn, _broker) = connect().await;
+    conn.register_health(Panics);
+    conn.register_health(Fixed(HealthStatus::Up));
     let actuator = start(&conn).await;
     let addr = actuator.local_addr();
     for _ in 0..2 {
@@ -184,12 +203,24 @@ async fn a_panicking_contributor_is_down_and_the_endpoint_still_answers() {
     // The server survived: other endpoints still work.
     assert_eq!(http_client::get(addr, "/acemq-info").await.status, 200);
     actuator.shutdown().await;
+    conn.close().await.expect("close");
 }
 
 #[tokio::test]
 async fn info_metrics_without_recorder_and_404() {
-    let conn = FakeConnection::new();
-    let actuator = start(&conn).await;
+    let (conn, _broker) = connect().await;
+    // The application's own info document, with the connection's health behind it.
+    let health = conn.clone();
+    let actuator = Actuator::builder()
+        .bind(any_port())
+        .health(move || health.health())
+        .info(InfoDoc::new(
+            "memory",
+            vec!["confirms".into(), "broker-retry".into()],
+        ))
+        .start()
+        .await
+        .expect("actuator starts");
     let addr = actuator.local_addr();
 
     let info = http_client::get(addr, "/acemq-info").await;
@@ -217,6 +248,19 @@ async fn info_metrics_without_recorder_and_404() {
     assert_eq!(nf.status, 404);
     assert!(nf.body.contains("/acemq-health"));
     actuator.shutdown().await;
+
+    // The connection's own actuator reports its transport and every capability.
+    let own = start(&conn).await;
+    let doc = http_client::get(own.local_addr(), "/acemq-info")
+        .await
+        .json();
+    assert_eq!(doc["library"], "acemq-rust");
+    assert_eq!(doc["transport"], "memory");
+    assert_eq!(doc["capabilities"], serde_json::json!(CAPABILITIES));
+    let m = http_client::get(own.local_addr(), "/acemq-metrics").await;
+    assert_eq!(m.status, 200);
+    own.shutdown().await;
+    conn.close().await.expect("close");
 }
 
 #[tokio::test]

@@ -250,3 +250,54 @@ async fn a_handler_ignoring_cancellation_is_abandoned_and_its_late_ack_is_droppe
     })
     .await;
 }
+
+/// `close()` drains running handlers for up to 20 s (README, seed 000): a handler that
+/// finishes within that time is waited for and acked; one that would run longer is cut
+/// at 20 s (its token cancelled) and its message stays on the queue. Paused clock.
+#[tokio::test(start_paused = true)]
+async fn close_drains_running_handlers_for_twenty_seconds() {
+    for (work, expect_close_after, expect_acked) in [
+        (Duration::from_secs(12), Duration::from_secs(12), 1),
+        (Duration::from_secs(60), Duration::from_secs(20), 0),
+    ] {
+        let name = support::unique("drain-20s");
+        let mq = Connection::connect(&format!("memory://{name}"))
+            .await
+            .unwrap();
+        let q = "orders.drain";
+        support::declare_classic(&mq, q).await;
+        let consumer = mq
+            .consume(q, ConsumerOptions::default(), move |m: Message<u32>| async move {
+                tokio::select! {
+                    () = tokio::time::sleep(work) => Ok(()),
+                    () = m.cancellation().cancelled() => Err(HandlerError::retry("cut short by close")),
+                }
+            })
+            .await
+            .unwrap();
+        mq.publisher::<u32>("", q).send(&1).await.unwrap();
+        for _ in 0..100 {
+            if mq.in_flight() == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(mq.in_flight(), 1, "the handler is running");
+        let started = tokio::time::Instant::now();
+        mq.close().await.unwrap();
+        let took = started.elapsed();
+        assert!(
+            // (the handler started up to one 10 ms poll before the clock was read)
+            took + Duration::from_millis(20) >= expect_close_after
+                && took < expect_close_after + Duration::from_millis(500),
+            "a {work:?} handler: close took {took:?}, expected {expect_close_after:?}"
+        );
+        assert_eq!(consumer.stats().acked, expect_acked, "a {work:?} handler");
+        let broker = acemq::transport::memory::MemoryBroker::named(&name);
+        assert_eq!(
+            broker.message_count(q),
+            Some(1 - u32::try_from(expect_acked).unwrap()),
+            "a {work:?} handler: its message is acked, or back on the queue"
+        );
+    }
+}

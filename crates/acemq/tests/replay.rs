@@ -257,21 +257,67 @@ async fn a_replay_killed_half_way_loses_nothing() {
         let (mq, q) = setup(&target, "replay-kill").await;
         dead_letters(&**mq.transport(), &q, 1000, 2, 1).await;
         wait_for_count(&**mq.transport(), &format!("{q}.dlq"), 1000, WAIT).await;
+        // The pass stops at its 501st message until the test has killed it: the kill lands
+        // half-way on any transport, however fast (on memory:// a whole pass takes a few
+        // milliseconds, less than one poll).
+        let (at_gate_tx, mut at_gate) = tokio::sync::mpsc::unbounded_channel();
+        let (release, gate) = std::sync::mpsc::channel::<()>();
+        let mut calls = 0usize;
         let replay = mq.replay(&q);
-        let task = tokio::spawn(async move { replay.replay_all().await });
+        let task = tokio::spawn(async move {
+            replay
+                .replay_matching(usize::MAX, move |_| {
+                    calls += 1;
+                    if calls == 501 {
+                        at_gate_tx.send(()).ok();
+                        gate.recv().ok();
+                    }
+                    true
+                })
+                .await
+        });
         wait_for_count(&**mq.transport(), &q, 100, WAIT).await;
+        tokio::time::timeout(WAIT, at_gate.recv())
+            .await
+            .expect("the pass reaches its 501st message")
+            .expect("gate signal");
         task.abort();
-        let _ = task.await;
+        drop(release);
+        let ended = task.await;
+        assert!(
+            ended.as_ref().is_err_and(|e| e.is_cancelled()),
+            "the pass was killed, not finished: {ended:?}"
+        );
         // Whatever the pass held unacked goes back when its connection closes.
         mq.close().await.unwrap();
         let mq = Connection::connect(&target.url()).await.unwrap();
         let t = mq.transport();
         let mut ids = HashSet::new();
+        let mut replayed = HashSet::new();
+        let mut waiting = HashSet::new();
         for queue in [q.clone(), format!("{q}.dlq")] {
             for d in drain(&**t, &queue).await {
-                ids.insert(d.properties.message_id.unwrap());
+                let id = d.properties.message_id.unwrap();
+                if queue == q {
+                    replayed.insert(id.clone());
+                } else {
+                    waiting.insert(id.clone());
+                }
+                ids.insert(id);
             }
         }
+        // The kill landed mid-way: at least the 500 before the gate were replayed, and the
+        // rest of the thousand were not yet.
+        assert!(
+            (500..1000).contains(&replayed.len()),
+            "replayed before the kill: {}",
+            replayed.len()
+        );
+        assert!(
+            !waiting.is_empty() && waiting.len() <= 500,
+            "still dead-lettered after the kill: {}",
+            waiting.len()
+        );
         assert_eq!(
             ids.len(),
             1000,

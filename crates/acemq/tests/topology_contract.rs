@@ -1,8 +1,10 @@
 //! The topology names, rung arguments, declarations and queue types against the family's
 //! `contract-fixtures.json` (`docs/wire.md` §4). See `contract/mod.rs` for where the
-//! fixtures come from.
+//! fixtures come from. Last, the README tour's `Connection::declare(&Topology)` on
+//! `memory://` and RabbitMQ.
 
 mod contract;
+mod support;
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -17,6 +19,9 @@ use acemq::topology::{
 use serde_json::{Map, Value};
 
 use contract::*;
+
+/// How long a broker case waits for a message to arrive.
+const WAIT: Duration = Duration::from_secs(15);
 
 // naming
 // ---------------------------------------------------------------------------------------
@@ -412,4 +417,126 @@ fn queue_type_defaults() {
         let t = Topology::define().queue_decl(decl).build().unwrap();
         assert_eq!(t.queues()[0].queue_type(), QueueType::Classic);
     }
+}
+
+// the README tour's declaration, on a broker
+// ---------------------------------------------------------------------------------------
+
+/// `Connection::declare(&Topology)` exactly as the README tour uses it (with unique
+/// names): everything it promises exists and routes, on `memory://` and RabbitMQ, a second
+/// declare is harmless, and a consumer with the same policy starts on it and consumes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_tour_topology_declares_and_routes() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use acemq::Connection;
+    use acemq::consume::{ConsumerOptions, Message};
+    use support::{Target, eventually, on_each_target, unique, wait_for_count};
+
+    on_each_target(|target: Target| async move {
+        let mq = Connection::connect(&target.url()).await.unwrap();
+        let orders = unique("tour.orders");
+        let queue = unique("tour.orders.new");
+        let policy =
+            RetryPolicy::exponential(5, Duration::from_secs(10), Duration::from_secs(300)).unwrap();
+        let topology = Topology::define()
+            .exchange(&orders, ExchangeKind::Topic)
+            .queue_with_dead_letter(&queue) // quorum queue + .dlq + .parked
+            .queue_with_retry(&queue, &policy) // acemq.retry + the rungs
+            .bind(&queue, &orders, "order.*")
+            .build()
+            .unwrap();
+        mq.declare(&topology).await.unwrap();
+        mq.declare(&topology)
+            .await
+            .expect("declaring the same topology again is harmless");
+        assert_eq!(
+            topology.queue(&queue).unwrap().queue_type(),
+            QueueType::Quorum,
+            "the source queue is a quorum queue"
+        );
+
+        let t = mq.transport();
+        let rungs = policy.broker_rungs();
+        assert_eq!(
+            rungs,
+            vec![Duration::from_secs(40), Duration::from_secs(80)],
+            "five attempts are four waits (10s, 20s, 40s, 80s): 40s and 80s wait on rungs \
+             (the README tour's comment also names a 160s rung, which five attempts never use)"
+        );
+        let mut queues = vec![
+            queue.clone(),
+            dead_letter_queue(&queue),
+            parked_queue(&queue),
+        ];
+        queues.extend(rungs.iter().map(|d| retry_queue(&queue, *d)));
+        for name in &queues {
+            t.inspect_queue(name)
+                .await
+                .unwrap_or_else(|e| panic!("{name} was declared: {e}"));
+        }
+        for exchange in [orders.as_str(), RETRY_EXCHANGE, DEAD_LETTER_EXCHANGE] {
+            t.inspect_exchange(exchange)
+                .await
+                .unwrap_or_else(|e| panic!("{exchange} was declared: {e}"));
+        }
+
+        // The bindings route: the topic binding, the retry loop back into the queue, the
+        // dead-letter route into `.dlq` (every publish is mandatory: unroutable would fail).
+        mq.publisher::<u32>(&orders, "order.placed")
+            .send(&1)
+            .await
+            .expect("order.placed routes to the queue");
+        mq.publisher::<u32>(RETRY_EXCHANGE, &queue)
+            .send(&2)
+            .await
+            .expect("acemq.retry routes back to the queue");
+        mq.publisher::<u32>(DEAD_LETTER_EXCHANGE, dead_letter_queue(&queue))
+            .send(&3)
+            .await
+            .expect("acemq.dlx routes to .dlq");
+        let err = mq
+            .publisher::<u32>(&orders, "invoice.placed")
+            .send(&4)
+            .await
+            .expect_err("nothing is bound for invoice.*");
+        assert!(err.is_unroutable(), "{err}");
+        assert_eq!(wait_for_count(&**t, &queue, 2, WAIT).await, 2);
+        assert_eq!(
+            wait_for_count(&**t, &dead_letter_queue(&queue), 1, WAIT).await,
+            1
+        );
+
+        // A consumer with the same policy agrees with what was declared, and consumes.
+        let handled = Arc::new(AtomicUsize::new(0));
+        let h = handled.clone();
+        let consumer = mq
+            .consume(
+                &queue,
+                ConsumerOptions::default().retry(policy.clone()),
+                move |_m: Message<u32>| {
+                    let h = h.clone();
+                    async move {
+                        h.fetch_add(1, Ordering::SeqCst);
+                        Ok(())
+                    }
+                },
+            )
+            .await
+            .expect("the consumer starts on the declared topology");
+        eventually(WAIT, "both messages acked", || async {
+            (consumer.stats().acked == 2).then_some(())
+        })
+        .await;
+        assert_eq!(handled.load(Ordering::SeqCst), 2);
+        consumer.close().await;
+
+        for name in &queues {
+            t.delete_queue(name).await.ok();
+        }
+        t.delete_exchange(&orders).await.ok();
+        mq.close().await.ok();
+    })
+    .await;
 }

@@ -6,6 +6,8 @@
 //! `memory://` only, unless `ACEMQ_TEST_REQUIRE_BROKER=1` (CI), in which case the test fails.
 #![allow(dead_code)]
 
+pub mod spans;
+
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -317,5 +319,64 @@ impl Drop for MemoryAlarm {
         let _ = std::process::Command::new("rabbitmqctl")
             .args(["set_vm_memory_high_watermark", "0.4"])
             .status();
+    }
+}
+
+/// True when CI requires every broker test to run (`ACEMQ_TEST_REQUIRE_BROKER=1`).
+pub fn broker_required() -> bool {
+    std::env::var("ACEMQ_TEST_REQUIRE_BROKER").as_deref() == Ok("1")
+}
+
+/// Closes, from the broker side, the one RabbitMQ connection whose client-provided
+/// `connection_name` is exactly `name` (never another client's): lists connections with
+/// `rabbitmqctl` until it appears (up to 10 s), then `rabbitmqctl close_connection` on its
+/// pid. `Err` says why it could not (rabbitmqctl missing or failing, connection not listed).
+pub async fn close_rabbit_connection_named(name: &str) -> Result<(), String> {
+    // In the `client_properties` column: `{"connection_name","{name}"}`.
+    let needle = format!("{{\"connection_name\",\"{name}\"}}");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let pid = loop {
+        let out = std::process::Command::new("rabbitmqctl")
+            .args([
+                "list_connections",
+                "-q",
+                "--no-table-headers",
+                "pid",
+                "client_properties",
+            ])
+            .output()
+            .map_err(|e| format!("rabbitmqctl could not be run: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "rabbitmqctl list_connections failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        let listing = String::from_utf8_lossy(&out.stdout).into_owned();
+        let mine: Vec<&str> = listing
+            .lines()
+            .filter(|l| l.contains(&needle))
+            .filter_map(|l| l.split_whitespace().next())
+            .collect();
+        match mine.as_slice() {
+            [pid] => break (*pid).to_owned(),
+            [] if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            [] => return Err(format!("no connection named {name:?} in:\n{listing}")),
+            more => return Err(format!("{} connections named {name:?}", more.len())),
+        }
+    };
+    let out = std::process::Command::new("rabbitmqctl")
+        .args(["close_connection", &pid, "acemq test"])
+        .output()
+        .map_err(|e| format!("rabbitmqctl close_connection could not be run: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "rabbitmqctl close_connection {pid} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ))
     }
 }

@@ -131,6 +131,8 @@ pub(crate) struct State {
     pub down: bool,
     /// Faults injected by tests.
     pub faults: Faults,
+    /// Settlements received, by kind (read by `MemoryBroker::settlements`).
+    pub settlements: super::inspect::SettlementCounts,
     next_id: u64,
 }
 
@@ -290,6 +292,7 @@ impl State {
             blocked: None,
             down: false,
             faults: Faults::default(),
+            settlements: Default::default(),
             next_id: 1,
         }
     }

@@ -358,6 +358,7 @@ impl State {
                     .map_err(|_| TransportError::AckNotSent)?
             };
             let one = ch.unacked.remove(idx);
+            self.settlements.record(settlement, 1);
             self.finish_settle(one, requeue, ack, now, &mut work);
         } else {
             let upto = if tag == 0 {
@@ -369,6 +370,7 @@ impl State {
                     + 1
             };
             let taken: Vec<Unacked> = ch.unacked.drain(..upto).collect();
+            self.settlements.record(settlement, taken.len());
             self.finish_settle(taken, requeue, ack, now, &mut work);
         }
         if let Some(queue) = credit {

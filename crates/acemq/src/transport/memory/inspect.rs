@@ -3,13 +3,61 @@
 //!
 //! This module owns the read-only half of the [`MemoryBroker`] API: queue and exchange
 //! names, ready / unacked / consumer counts, a non-destructive [`MessageSnapshot`] view
-//! of a queue, and an exchange's bindings. Every call takes the broker lock briefly.
+//! of a queue, an exchange's bindings, and the [`SettlementCounts`] the broker has
+//! received. Every call takes the broker lock briefly.
 
 use bytes::Bytes;
 
 use super::broker::{MemoryBroker, count};
 use crate::headers::Headers;
-use crate::transport::Properties;
+use crate::transport::{Properties, Settlement};
+
+/// The settlements a memory broker has received since it was created, by kind, as
+/// [`MemoryBroker::settlements`] reports them. Only settlements of a delivery the broker
+/// knew count (one refused as "ack not sent" does not).
+///
+/// ```
+/// # async fn demo() -> Result<(), acemq::transport::TransportError> {
+/// use acemq::topology::QueueDecl;
+/// use acemq::transport::{Outbound, Properties, Settlement, Transport, memory::MemoryTransport};
+/// let t = MemoryTransport::connect("doc-settlements");
+/// t.declare_queue(&QueueDecl::classic("q")).await?;
+/// t.publish(Outbound::new("", "q", Properties::default(), "hi")).await?.await?;
+/// let d = t.get("q").await?.expect("a message");
+/// d.acker.settle(Settlement::Ack { multiple: true }).await?;
+/// let s = t.broker().settlements();
+/// assert_eq!((s.multiple_acks, s.acked_by_multiple, s.single_acks), (1, 1, 0));
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SettlementCounts {
+    /// `basic.ack` with `multiple = false`.
+    pub single_acks: u64,
+    /// `basic.ack` with `multiple = true`.
+    pub multiple_acks: u64,
+    /// Deliveries acknowledged by those `multiple` acks, together.
+    pub acked_by_multiple: u64,
+    /// `basic.nack` (single or multiple), requeue or not.
+    pub nacks: u64,
+    /// `basic.reject`, requeue or not.
+    pub rejects: u64,
+}
+
+impl SettlementCounts {
+    /// Counts one settlement that covered `deliveries` deliveries.
+    pub(crate) fn record(&mut self, settlement: Settlement, deliveries: usize) {
+        match settlement {
+            Settlement::Ack { multiple: false } => self.single_acks += 1,
+            Settlement::Ack { multiple: true } => {
+                self.multiple_acks += 1;
+                self.acked_by_multiple += deliveries as u64;
+            }
+            Settlement::Nack { .. } => self.nacks += 1,
+            Settlement::Reject { .. } => self.rejects += 1,
+        }
+    }
+}
 
 /// A ready message as [`MemoryBroker::peek`] shows it.
 ///
@@ -145,5 +193,16 @@ impl MemoryBroker {
                 .map(|b| (b.queue.clone(), b.key.clone(), b.args.clone()))
                 .collect()
         })
+    }
+
+    /// The settlements this broker has received so far, by kind (see
+    /// [`SettlementCounts`]).
+    ///
+    /// ```
+    /// use acemq::transport::memory::MemoryBroker;
+    /// assert_eq!(MemoryBroker::named("doc-no-settlements").settlements().multiple_acks, 0);
+    /// ```
+    pub fn settlements(&self) -> SettlementCounts {
+        self.lock().settlements
     }
 }

@@ -68,7 +68,7 @@ use tokio::sync::{broadcast, watch};
 use tokio::time::Instant;
 
 pub use broker::MemoryBroker;
-pub use inspect::MessageSnapshot;
+pub use inspect::{MessageSnapshot, SettlementCounts};
 
 use super::recovery::{Declared, DeclaredTopology, Events, RecoveryEvent, RecoveryPolicy};
 use super::{
