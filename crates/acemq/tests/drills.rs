@@ -35,7 +35,7 @@ use acemq::transport::Transport;
 use acemq::transport::amqp::{AmqpOptions, AmqpTransport};
 use acemq::transport::memory::MemoryTransport;
 use drills::broker::{
-    AppStopped, Cluster, DrillTarget, close_our_connections_async, our_connections,
+    AppStopped, Cluster, DrillTarget, close_our_connections_async, our_connections, queue_members,
 };
 use drills::connect::{connect_cluster, connect_named, drill_name};
 use drills::proxy::Proxy;
@@ -133,6 +133,11 @@ async fn a_run_without_faults_books_everything_and_loses_nothing() {
         our_connections(None, &name).expect("rabbitmqctl").len(),
         2,
         "the named publish and consume connections are listed"
+    );
+    let r = Resources::measure(None, name.clone()).await;
+    assert!(
+        r.channels >= 2 && r.fds > 2 && r.tasks > 2 && r.rss_kib > 0,
+        "the probe sees our channels and this process: {r:?}"
     );
     let c = d.finish(&raw(&url, &name).await).await;
     assert!(c.confirmed >= 300 && c.lost == 0, "{c:?}");
@@ -340,6 +345,8 @@ async fn drill_cluster_failover() {
     let q = support::unique("drill.failover");
     let decl = QueueDecl::quorum(&q).argument("x-quorum-initial-group-size", HeaderValue::I64(3));
     let mut d = Drill::start("failover", mq, decl, Some(cluster.nodes[1].clone())).await;
+    let members = queue_members(Some(&cluster.nodes[1]), &q).expect("rabbitmqctl list_queues");
+    assert_eq!(members.len(), 3, "a replica on every node: {members:?}");
     d.wait_flowing(400).await;
     let ours = our_connections(Some(&cluster.nodes[1]), &name).expect("rabbitmqctl");
     let node = ours

@@ -183,6 +183,26 @@ pub fn our_channels(node: Option<&str>, prefix: &str) -> Result<usize, String> {
     Ok(out.lines().filter(|l| ours.contains(l.trim())).count())
 }
 
+/// The members (nodes holding a replica) of a quorum queue.
+pub fn queue_members(node: Option<&str>, queue: &str) -> Result<Vec<String>, String> {
+    let out = ctl(
+        node,
+        &["list_queues", "--no-table-headers", "name", "members"],
+    )?;
+    let line = out
+        .lines()
+        .find(|l| l.split('\t').next() == Some(queue))
+        .ok_or_else(|| format!("queue {queue} is not listed"))?;
+    let members = line.split_once('\t').map_or("", |(_, m)| m);
+    Ok(members
+        .trim_matches(|c| c == '[' || c == ']')
+        .split(',')
+        .map(str::trim)
+        .filter(|m| !m.is_empty())
+        .map(str::to_owned)
+        .collect())
+}
+
 /// Deletes a queue through `rabbitmqctl` (for cleanup after a failed drill); errors ignored.
 pub fn delete_queue_cli(node: Option<&str>, queue: &str) {
     let _ = ctl(node, &["delete_queue", queue]);
