@@ -145,6 +145,51 @@ async fn a_run_without_faults_books_everything_and_loses_nothing() {
     assert_eq!(c.sent, c.confirmed, "no fault, no failed attempt");
 }
 
+/// The harness through a fault the library already survives: publishing paused (each
+/// publish refused, nothing sent) for a while, then resumed. The loop retries the refused id
+/// until it is confirmed, counts every attempt as sent, and recovery is measured from the
+/// resume. On `memory://` and RabbitMQ.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_refused_publish_is_retried_until_confirmed_and_recovery_is_measured() {
+    let broker = support::unique("drill-mem");
+    let mq = Connection::connect(&format!("memory://{broker}"))
+        .await
+        .unwrap();
+    let q = support::unique("drill.paused");
+    paused_publishing(mq, &q, &MemoryTransport::connect(&broker)).await;
+    let Some(url) = support::amqp_url() else {
+        return;
+    };
+    let name = drill_name("paused");
+    let mq = connect_named(&url, &name).await.unwrap();
+    paused_publishing(mq, &q, &raw(&url, &name).await).await;
+}
+
+async fn paused_publishing(mq: Connection, q: &str, raw: &dyn Transport) {
+    let label = format!("paused-{}", mq.transport_kind());
+    let mut d = Drill::start(&label, mq, QueueDecl::quorum(q), None).await;
+    d.wait_flowing(100).await;
+    d.mq.pause_publishing();
+    d.fault();
+    let before = d.ledger.counts();
+    support::eventually(Duration::from_secs(5), "refused attempts", || {
+        let failed = d.ledger.counts().publish_errors > before.publish_errors + 2;
+        async move { failed.then_some(()) }
+    })
+    .await;
+    d.mq.resume_publishing();
+    let took = d.await_recovery(Instant::now(), "publishing resumed").await;
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    d.wait_flowing(100).await;
+    let c = d.finish(raw).await;
+    assert!(
+        c.sent >= c.confirmed + 3,
+        "the refused attempts count as sent: {c:?}"
+    );
+    assert_eq!(c.lost, 0);
+    assert_eq!(c.duplicates, 0, "a refused publish is not sent: {c:?}");
+}
+
 /// Closing "this process's connections" closes exactly those named with the drill's prefix.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn closing_own_connections_by_name_leaves_others_alone() {

@@ -248,10 +248,10 @@ impl AppStopped {
 
 impl Drop for AppStopped {
     fn drop(&mut self) {
-        if !self.started {
-            if let Err(e) = ctl(self.node.as_deref(), &["start_app"]) {
-                eprintln!("drill guard: start_app failed: {e}; run `rabbitmqctl start_app`");
-            }
+        if !self.started
+            && let Err(e) = ctl(self.node.as_deref(), &["start_app"])
+        {
+            eprintln!("drill guard: start_app failed: {e}; run `rabbitmqctl start_app`");
         }
     }
 }
@@ -324,10 +324,10 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        if self.started_here {
-            if let Err(e) = cluster_sh("stop") {
-                eprintln!("drill guard: {e}; run scripts/cluster.sh stop");
-            }
+        if self.started_here
+            && let Err(e) = cluster_sh("stop")
+        {
+            eprintln!("drill guard: {e}; run scripts/cluster.sh stop");
         }
     }
 }

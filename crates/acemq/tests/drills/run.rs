@@ -268,17 +268,17 @@ impl Drill {
     pub async fn finish(mut self, raw: &dyn Transport) -> Counts {
         self.stop.cancel();
         self.resume_publishing();
-        if let Some(mut p) = self.publisher.take() {
-            if tokio::time::timeout(FINISH_BOUND, &mut p).await.is_err() {
-                self.abandon.cancel();
-                let _ = tokio::time::timeout(Duration::from_secs(5), &mut p).await;
-                p.abort();
-                panic!(
-                    "drill {}: the last publish was not confirmed within {FINISH_BOUND:?}: {}",
-                    self.label,
-                    self.line()
-                );
-            }
+        if let Some(mut p) = self.publisher.take()
+            && tokio::time::timeout(FINISH_BOUND, &mut p).await.is_err()
+        {
+            self.abandon.cancel();
+            let _ = tokio::time::timeout(Duration::from_secs(5), &mut p).await;
+            p.abort();
+            panic!(
+                "drill {}: the last publish was not confirmed within {FINISH_BOUND:?}: {}",
+                self.label,
+                self.line()
+            );
         }
         self.wait_drained(raw, FINISH_BOUND).await;
         tokio::time::timeout(Duration::from_secs(30), self.consumer.close())
