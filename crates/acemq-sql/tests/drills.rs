@@ -64,17 +64,34 @@ mod tokio_stop {
     }
 }
 
-/// The drill's queue, deleted through `rabbitmqctl` if the drill panics.
-struct QueueCleanup {
+/// The drill's queue and outbox table, deleted (through `rabbitmqctl`, and a connection of
+/// its own on a thread of its own) if the drill panics.
+struct Cleanup {
     node: Option<String>,
     queue: String,
+    pg_url: String,
+    table: String,
 }
 
-impl Drop for QueueCleanup {
+impl Drop for Cleanup {
     fn drop(&mut self) {
-        if std::thread::panicking() {
-            delete_queue_cli(self.node.as_deref(), &self.queue);
+        if !std::thread::panicking() {
+            return;
         }
+        delete_queue_cli(self.node.as_deref(), &self.queue);
+        let (url, table) = (self.pg_url.clone(), self.table.clone());
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
+            rt.block_on(async {
+                let pool = sqlx::postgres::PgPool::connect(&url).await.ok()?;
+                let sql = sqlx::AssertSqlSafe(format!("DROP TABLE IF EXISTS {table}"));
+                sqlx::query(sql).execute(&pool).await.ok()
+            })
+        })
+        .join();
     }
 }
 
@@ -138,9 +155,12 @@ async fn drill_outbox_relay_across_a_broker_restart() {
     let name = drill_name(label);
     let mq = connect_named(&target.url, &name).await.unwrap();
     let queue = unique_table("acemq_drill_outbox");
-    let _cleanup = QueueCleanup {
+    let table = unique_table("acemq_drill_outbox");
+    let _cleanup = Cleanup {
         node: target.node.clone(),
         queue: queue.clone(),
+        pg_url: pg_url.clone(),
+        table: table.clone(),
     };
     mq.declare(
         &Topology::define()
@@ -150,7 +170,6 @@ async fn drill_outbox_relay_across_a_broker_restart() {
     )
     .await
     .expect("declare the drill's queue");
-    let table = unique_table("acemq_drill_outbox");
     let outbox = Outbox::with_table(pool.clone(), &table).unwrap();
     outbox.create_table_if_absent().await.unwrap();
 
