@@ -1,0 +1,425 @@
+//! Recovery drills (issue 10): real faults on RabbitMQ while one AceMQ connection publishes a
+//! known sequence of ids and consumes them, with the accounting of `drills/ledger.rs` and the
+//! assertions of `drills/run.rs` (lost = 0, duplicates within prefetch × faults plus failed
+//! publish attempts, recovery within 30 s of the fault's end with nothing restarted).
+//!
+//! The drills disturb the broker (forced closes, `stop_app`, queue deletion, a cluster node
+//! going down), so they are `#[ignore]`d and run one at a time by `scripts/test.sh`'s drill
+//! step: `cargo test -p acemq --all-features --test drills -- --ignored --test-threads=1`.
+//! Each restores what it changed even when it fails (drop guards). They reach the broker of
+//! `ACEMQ_DRILL_AMQP_URL` (else `ACEMQ_TEST_AMQP_URL`), whose node `rabbitmqctl` addresses
+//! with `-n $ACEMQ_DRILL_NODE` when set (e.g. `r1@localhost` of `scripts/cluster.sh`, to
+//! drill away from a shared broker). The failover drill uses `scripts/cluster.sh`.
+//!
+//! Not ignored (they disturb nothing but their own connections): the proxy's own test, the
+//! ledger's, a no-fault run of the harness on `memory://` and RabbitMQ, and closing this
+//! process's connections by name.
+
+mod support;
+
+mod drills {
+    pub mod broker;
+    pub mod connect;
+    pub mod ledger;
+    pub mod proxy;
+    pub mod resources;
+    pub mod run;
+}
+
+use std::time::{Duration, Instant};
+
+use acemq::Connection;
+use acemq::headers::HeaderValue;
+use acemq::topology::QueueDecl;
+use acemq::transport::Transport;
+use acemq::transport::amqp::{AmqpOptions, AmqpTransport};
+use acemq::transport::memory::MemoryTransport;
+use drills::broker::{
+    AppStopped, Cluster, DrillTarget, close_our_connections_async, our_connections, queue_members,
+};
+use drills::connect::{connect_cluster, connect_named, drill_name};
+use drills::proxy::Proxy;
+use drills::resources::Resources;
+use drills::run::Drill;
+
+/// How long a broker-side outage lasts in the drills that stop something.
+const OUTAGE: Duration = Duration::from_secs(5);
+
+/// A raw transport of its own (the drill's "operator" connection), named after the drill.
+async fn raw(url: &str, name: &str) -> AmqpTransport {
+    AmqpTransport::connect_with(
+        url,
+        AmqpOptions::default().connection_name(format!("{name}-operator")),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("cannot connect to RabbitMQ at {url}: {e}"))
+}
+
+/// `(scheme://userinfo@, host:port, /path?query)` of an AMQP URL.
+fn split_url(url: &str) -> (String, String, String) {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("amqp", url));
+    let (user, rest) = match rest.find('@') {
+        Some(at) if rest[..at].find('/').is_none() => (&rest[..=at], &rest[at + 1..]),
+        _ => ("", rest),
+    };
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let mut host = rest[..end].to_owned();
+    if !host.contains(':') {
+        host.push_str(":5672");
+    }
+    (format!("{scheme}://{user}"), host, rest[end..].to_owned())
+}
+
+/// `url` through `127.0.0.1:port`, with `query` (e.g. `heartbeat=2`) added.
+fn via(url: &str, port: u16, query: &str) -> String {
+    let (head, _, tail) = split_url(url);
+    let tail = if tail.is_empty() {
+        "/".to_owned()
+    } else {
+        tail
+    };
+    let sep = if tail.contains('?') { '&' } else { '?' };
+    format!("{head}127.0.0.1:{port}{tail}{sep}{query}")
+}
+
+#[test]
+fn urls_are_rewritten_through_the_proxy() {
+    assert_eq!(
+        split_url("amqp://guest:guest@127.0.0.1:5672/%2f"),
+        (
+            "amqp://guest:guest@".to_owned(),
+            "127.0.0.1:5672".to_owned(),
+            "/%2f".to_owned()
+        )
+    );
+    assert_eq!(
+        via("amqp://guest:guest@127.0.0.1:5672/%2f", 4000, "heartbeat=2"),
+        "amqp://guest:guest@127.0.0.1:4000/%2f?heartbeat=2"
+    );
+    assert_eq!(
+        via("amqp://localhost?frame_max=8192", 1, "heartbeat=2"),
+        "amqp://127.0.0.1:1?frame_max=8192&heartbeat=2"
+    );
+    assert_eq!(split_url("amqp://localhost").1, "localhost:5672");
+}
+
+/// The harness itself, with no fault: everything confirmed is handled, nothing lost, no
+/// recovery measured. On `memory://` and on RabbitMQ.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_run_without_faults_books_everything_and_loses_nothing() {
+    let name = drill_name("baseline");
+    let q = support::unique("drill.baseline");
+    // memory://
+    let broker = support::unique("drill-mem");
+    let mq = Connection::connect(&format!("memory://{broker}"))
+        .await
+        .unwrap();
+    let d = Drill::start("baseline-memory", mq, QueueDecl::quorum(&q), None).await;
+    d.wait_flowing(300).await;
+    let c = d.finish(&MemoryTransport::connect(&broker)).await;
+    assert!(
+        c.confirmed >= 300 && c.lost == 0 && c.duplicates == 0,
+        "{c:?}"
+    );
+    assert_eq!(c.sent, c.confirmed, "no fault, no failed attempt");
+    // RabbitMQ
+    let Some(url) = support::amqp_url() else {
+        return;
+    };
+    let mq = connect_named(&url, &name).await.unwrap();
+    let d = Drill::start("baseline-amqp", mq, QueueDecl::quorum(&q), None).await;
+    d.wait_flowing(300).await;
+    assert_eq!(
+        our_connections(None, &name).expect("rabbitmqctl").len(),
+        2,
+        "the named publish and consume connections are listed"
+    );
+    let r = Resources::measure(None, name.clone()).await;
+    assert!(
+        r.channels >= 2 && r.fds > 2 && r.tasks > 2 && r.rss_kib > 0,
+        "the probe sees our channels and this process: {r:?}"
+    );
+    let c = d.finish(&raw(&url, &name).await).await;
+    assert!(c.confirmed >= 300 && c.lost == 0, "{c:?}");
+    assert_eq!(c.duplicates, 0, "no fault, no duplicate: {c:?}");
+    assert_eq!(c.sent, c.confirmed, "no fault, no failed attempt");
+}
+
+/// The harness through a fault the library already survives: publishing paused (each
+/// publish refused, nothing sent) for a while, then resumed. The loop retries the refused id
+/// until it is confirmed, counts every attempt as sent, and recovery is measured from the
+/// resume. On `memory://` and RabbitMQ.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_refused_publish_is_retried_until_confirmed_and_recovery_is_measured() {
+    let broker = support::unique("drill-mem");
+    let mq = Connection::connect(&format!("memory://{broker}"))
+        .await
+        .unwrap();
+    let q = support::unique("drill.paused");
+    paused_publishing(mq, &q, &MemoryTransport::connect(&broker)).await;
+    let Some(url) = support::amqp_url() else {
+        return;
+    };
+    let name = drill_name("paused");
+    let mq = connect_named(&url, &name).await.unwrap();
+    paused_publishing(mq, &q, &raw(&url, &name).await).await;
+}
+
+async fn paused_publishing(mq: Connection, q: &str, raw: &dyn Transport) {
+    let label = format!("paused-{}", mq.transport_kind());
+    let mut d = Drill::start(&label, mq, QueueDecl::quorum(q), None).await;
+    d.wait_flowing(100).await;
+    d.mq.pause_publishing();
+    d.fault();
+    let before = d.ledger.counts();
+    support::eventually(Duration::from_secs(5), "refused attempts", || {
+        let failed = d.ledger.counts().publish_errors > before.publish_errors + 2;
+        async move { failed.then_some(()) }
+    })
+    .await;
+    d.mq.resume_publishing();
+    let took = d.await_recovery(Instant::now(), "publishing resumed").await;
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    d.wait_flowing(100).await;
+    let c = d.finish(raw).await;
+    assert!(
+        c.sent >= c.confirmed + 3,
+        "the refused attempts count as sent: {c:?}"
+    );
+    assert_eq!(c.lost, 0);
+    assert_eq!(c.duplicates, 0, "a refused publish is not sent: {c:?}");
+}
+
+/// Closing "this process's connections" closes exactly those named with the drill's prefix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_own_connections_by_name_leaves_others_alone() {
+    let Some(url) = support::amqp_url() else {
+        return;
+    };
+    let mine = drill_name("close-mine");
+    let other = drill_name("close-other");
+    let a = connect_named(&url, &mine).await.unwrap();
+    let b = connect_named(&url, &other).await.unwrap();
+    assert_eq!(our_connections(None, &mine).unwrap().len(), 2);
+    let closed = close_our_connections_async(None, mine.clone(), "drill")
+        .await
+        .unwrap();
+    assert_eq!(closed, 2);
+    support::eventually(Duration::from_secs(10), "our connections gone", || {
+        let gone = our_connections(None, &mine).unwrap().is_empty();
+        async move { gone.then_some(()) }
+    })
+    .await;
+    support::eventually(Duration::from_secs(10), "ours reported lost", || {
+        let lost = !a.status().connected;
+        async move { lost.then_some(()) }
+    })
+    .await;
+    assert_eq!(
+        our_connections(None, &other).unwrap().len(),
+        2,
+        "others untouched"
+    );
+    assert!(b.status().connected);
+    b.close().await.unwrap();
+    let _ = a.close().await;
+}
+
+/// (a) The broker force-closes this process's connections mid-stream, 20 times in a row;
+/// each time both directions recover within the bound, and RSS, file descriptors, tokio
+/// tasks and broker channels stay flat (bounds in `drills/resources.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "drill: disturbs the shared broker; run one at a time by scripts/test.sh's drill step"]
+async fn drill_forced_close_20_times() {
+    let Some(target) = DrillTarget::from_env() else {
+        return;
+    };
+    let name = drill_name("forced-close");
+    let mq = connect_named(&target.url, &name).await.unwrap();
+    let q = support::unique("drill.forced-close");
+    let mut d = Drill::start(
+        "forced-close",
+        mq,
+        QueueDecl::quorum(&q),
+        target.node.clone(),
+    )
+    .await;
+    d.wait_flowing(400).await;
+    let before = Resources::measure(target.node.clone(), name.clone()).await;
+    for round in 1..=20 {
+        let closed = close_our_connections_async(target.node.clone(), name.clone(), "drill")
+            .await
+            .expect("rabbitmqctl close_connection");
+        assert!(
+            closed >= 1,
+            "round {round}: none of our connections was found to close"
+        );
+        d.fault();
+        d.await_recovery(Instant::now(), &format!("forced close {round}"))
+            .await;
+        d.wait_flowing(50).await;
+    }
+    d.wait_flowing(200).await;
+    let after = Resources::measure(target.node.clone(), name.clone()).await;
+    before.assert_flat(&after, "forced-close");
+    d.finish(&raw(&target.url, &name).await).await;
+}
+
+/// (b) `rabbitmqctl stop_app` / `start_app` mid-stream, publishing and consuming going on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "drill: disturbs the shared broker; run one at a time by scripts/test.sh's drill step"]
+async fn drill_broker_restart() {
+    let Some(target) = DrillTarget::from_env() else {
+        return;
+    };
+    let name = drill_name("restart");
+    let mq = connect_named(&target.url, &name).await.unwrap();
+    let q = support::unique("drill.restart");
+    let mut d = Drill::start("restart", mq, QueueDecl::quorum(&q), target.node.clone()).await;
+    d.wait_flowing(400).await;
+    let node = target.node.clone();
+    let stopped = tokio::task::spawn_blocking(move || AppStopped::stop(node.as_deref()))
+        .await
+        .unwrap()
+        .expect("rabbitmqctl stop_app");
+    d.fault();
+    tokio::time::sleep(OUTAGE).await; // the outage itself: publishing goes on, and fails
+    let took = stopped.start_async().await.expect("rabbitmqctl start_app");
+    eprintln!("drill restart: start_app took {took:?}");
+    d.await_recovery(Instant::now(), "stop_app/start_app").await;
+    d.wait_flowing(200).await;
+    d.finish(&raw(&target.url, &name).await).await;
+}
+
+/// (c) A network cut without a close (the proxy stops forwarding, sockets stay open), so
+/// only heartbeats (2 s, from the URL) can notice; then the network comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "drill: disturbs the shared broker; run one at a time by scripts/test.sh's drill step"]
+async fn drill_network_cut() {
+    let Some(target) = DrillTarget::from_env() else {
+        return;
+    };
+    let (_, hostport, _) = split_url(&target.url);
+    let upstream = tokio::net::lookup_host(&hostport)
+        .await
+        .unwrap()
+        .next()
+        .expect("the broker's address");
+    let proxy = Proxy::start(upstream).await.unwrap();
+    let name = drill_name("network-cut");
+    let mq = connect_named(&via(&target.url, proxy.port(), "heartbeat=2"), &name)
+        .await
+        .unwrap();
+    let q = support::unique("drill.network-cut");
+    let mut d = Drill::start(
+        "network-cut",
+        mq,
+        QueueDecl::quorum(&q),
+        target.node.clone(),
+    )
+    .await;
+    d.wait_flowing(400).await;
+    proxy.cut();
+    d.fault();
+    let cut_at = Instant::now();
+    support::eventually(
+        Duration::from_secs(20),
+        "the heartbeat to notice the cut",
+        || {
+            let lost = !d.mq.status().connected;
+            async move { lost.then_some(()) }
+        },
+    )
+    .await;
+    eprintln!(
+        "drill network-cut: loss noticed {}ms after the cut",
+        cut_at.elapsed().as_millis()
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await; // stays cut a little longer
+    proxy.restore();
+    d.await_recovery(Instant::now(), "network restored").await;
+    d.wait_flowing(200).await;
+    d.finish(&raw(&target.url, &name).await).await;
+}
+
+/// (d) The consumed queue is deleted and declared again by an operator (another
+/// connection); publishes meanwhile are unroutable and retried; the consumer resumes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "drill: disturbs the shared broker; run one at a time by scripts/test.sh's drill step"]
+async fn drill_queue_deleted_and_declared_again() {
+    let Some(target) = DrillTarget::from_env() else {
+        return;
+    };
+    let name = drill_name("queue-deleted");
+    let mq = connect_named(&target.url, &name).await.unwrap();
+    let q = support::unique("drill.queue-deleted");
+    let decl = QueueDecl::quorum(&q);
+    let mut d = Drill::start("queue-deleted", mq, decl.clone(), target.node.clone()).await;
+    let operator = raw(&target.url, &name).await;
+    d.wait_flowing(400).await;
+    // Deleting a queue drops what it holds: drain it first, so what is lost is not ours.
+    d.pause_publishing();
+    d.wait_drained(&operator, Duration::from_secs(30)).await;
+    operator.delete_queue(&q).await.expect("delete the queue");
+    d.fault();
+    d.resume_publishing();
+    tokio::time::sleep(OUTAGE).await; // publishes are unroutable meanwhile, and retried
+    operator
+        .declare_queue(&decl)
+        .await
+        .expect("declare the queue again");
+    d.await_recovery(Instant::now(), "queue declared again")
+        .await;
+    d.wait_flowing(200).await;
+    d.finish(&operator).await;
+    operator.close().await.ok();
+}
+
+/// (f) A 3-node cluster (`scripts/cluster.sh`), a quorum queue with 3 replicas; the node the
+/// client is connected to is stopped mid-stream; the client fails over and publishing goes
+/// on on the remaining majority; nothing confirmed is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "drill: disturbs the shared broker; run one at a time by scripts/test.sh's drill step"]
+async fn drill_cluster_failover() {
+    if DrillTarget::from_env().is_none() {
+        return;
+    }
+    let cluster = Cluster::ensure().expect("scripts/cluster.sh start");
+    let name = drill_name("failover");
+    let mq = connect_cluster(&cluster.urls, &name).await.unwrap();
+    let q = support::unique("drill.failover");
+    let decl = QueueDecl::quorum(&q).argument("x-quorum-initial-group-size", HeaderValue::I64(3));
+    let mut d = Drill::start("failover", mq, decl, Some(cluster.nodes[1].clone())).await;
+    let members = queue_members(Some(&cluster.nodes[1]), &q).expect("rabbitmqctl list_queues");
+    assert_eq!(members.len(), 3, "a replica on every node: {members:?}");
+    d.wait_flowing(400).await;
+    let ours = our_connections(Some(&cluster.nodes[1]), &name).expect("rabbitmqctl");
+    let node = ours
+        .first()
+        .map(|c| c.node().to_owned())
+        .expect("our connections on the cluster");
+    assert!(
+        cluster.owns(&node),
+        "refusing to stop {node}: not a node of scripts/cluster.sh"
+    );
+    let survivor = cluster.url_besides(&node).to_owned();
+    let n = node.clone();
+    let stopped = tokio::task::spawn_blocking(move || AppStopped::stop(Some(&n)))
+        .await
+        .unwrap()
+        .expect("rabbitmqctl stop_app");
+    d.fault();
+    // The majority is up at once: recovery is measured from the stop.
+    d.await_recovery(Instant::now(), &format!("{node} stopped"))
+        .await;
+    d.wait_flowing(400).await;
+    let operator = raw(&survivor, &name).await;
+    let c = {
+        let took = stopped.start_async().await.expect("start_app");
+        eprintln!("drill failover: {node} back after {took:?}");
+        d.finish(&operator).await
+    };
+    assert!(c.confirmed > 800, "publishing went on: {c:?}");
+    operator.close().await.ok();
+    drop(cluster);
+}

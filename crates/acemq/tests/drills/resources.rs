@@ -1,0 +1,95 @@
+//! What a recovery could leak, measured in this process and on the broker: resident memory
+//! (`VmRSS` of `/proc/self/status`), open file descriptors (`/proc/self/fd`), live tokio
+//! tasks, and the broker's channels on this drill's connections.
+//!
+//! The bounds [`Resources::assert_flat`] applies after 20 recoveries, each far below what
+//! one leaked item per recovery would add:
+//! * channels: at most [`CHANNEL_SLACK`] more (a leak of one per recovery adds 20);
+//! * file descriptors: at most [`FD_SLACK`] more (each connection is one socket);
+//! * tokio tasks: at most [`TASK_SLACK`] more (a leaked watcher per recovery adds 20+);
+//! * RSS: at most [`RSS_SLACK_KIB`] KiB more (the ledger itself grows with the ids booked;
+//!   a leaked connection with its buffers per recovery would exceed it).
+#![allow(dead_code)]
+
+use super::broker::our_channels;
+
+/// Extra broker channels allowed after the drill.
+pub const CHANNEL_SLACK: usize = 2;
+/// Extra file descriptors allowed.
+pub const FD_SLACK: usize = 4;
+/// Extra live tokio tasks allowed.
+pub const TASK_SLACK: usize = 8;
+/// Extra resident memory allowed, in KiB (24 MiB).
+pub const RSS_SLACK_KIB: u64 = 24 * 1024;
+
+/// One measurement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Resources {
+    pub rss_kib: u64,
+    pub fds: usize,
+    pub tasks: usize,
+    pub channels: usize,
+}
+
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
+}
+
+impl Resources {
+    /// Measures now; channels are those on connections named `prefix…` (through `node`).
+    pub async fn measure(node: Option<String>, prefix: String) -> Resources {
+        let channels = tokio::task::spawn_blocking(move || our_channels(node.as_deref(), &prefix))
+            .await
+            .expect("rabbitmqctl task")
+            .expect("rabbitmqctl list_channels");
+        Resources {
+            rss_kib: rss_kib(),
+            fds: fds(),
+            tasks: tokio::runtime::Handle::current()
+                .metrics()
+                .num_alive_tasks(),
+            channels,
+        }
+    }
+
+    /// Asserts `after` stays within the slack of `self` (see the module docs).
+    pub fn assert_flat(&self, after: &Resources, drill: &str) {
+        eprintln!("drill {drill}: resources before {self:?}, after {after:?}");
+        assert!(
+            after.channels <= self.channels + CHANNEL_SLACK,
+            "drill {drill}: channels grew from {} to {} (a channel leaked per recovery?)",
+            self.channels,
+            after.channels
+        );
+        assert!(
+            after.fds <= self.fds + FD_SLACK,
+            "drill {drill}: open file descriptors grew from {} to {}",
+            self.fds,
+            after.fds
+        );
+        assert!(
+            after.tasks <= self.tasks + TASK_SLACK,
+            "drill {drill}: live tokio tasks grew from {} to {}",
+            self.tasks,
+            after.tasks
+        );
+        assert!(
+            after.rss_kib <= self.rss_kib + RSS_SLACK_KIB,
+            "drill {drill}: RSS grew from {} KiB to {} KiB",
+            self.rss_kib,
+            after.rss_kib
+        );
+    }
+}
