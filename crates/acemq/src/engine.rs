@@ -24,7 +24,9 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::envelope::{Envelope, origin_for};
 use crate::error::Error;
-use crate::health::{Health, HealthContributor, HealthRegistry, HealthReport, connection_report};
+use crate::health::{
+    Health, HealthContributor, HealthRegistry, HealthReport, HealthStatus, connection_report,
+};
 use crate::intercept::Interceptors;
 use crate::lifecycle::{ABANDON_AFTER, Lifecycle};
 use crate::retry::RetryPolicy;
@@ -211,10 +213,15 @@ impl Engine {
         for (queue, reason) in stopped {
             consumers = consumers.with_detail(format!("stopped.{queue}"), reason);
         }
-        self.health.evaluate_with([
-            connection_report(&self.transport.status(), &extra),
-            consumers,
-        ])
+        let status = self.transport.status();
+        let mut connection = connection_report(&status, &extra);
+        if !status.connected && self.transport.recovering() {
+            // Lost and being redialled: not Down (seed 000: Down is a connection that is
+            // closed, and a restart would fix nothing), but not fine either.
+            connection.status = HealthStatus::Degraded;
+            connection = connection.with_detail("recovering", "true");
+        }
+        self.health.evaluate_with([connection, consumers])
     }
 
     /// Adds a component to the health report.

@@ -167,41 +167,6 @@ async fn memory_recovery_can_be_turned_off() {
     assert!(!t.status().connected);
 }
 
-/// Closes this process's connections whose name starts with `prefix`, from the broker.
-/// Returns how many were closed.
-pub fn close_own_connections(prefix: &str) -> usize {
-    let out = std::process::Command::new("rabbitmqctl")
-        .args([
-            "list_connections",
-            "-q",
-            "--no-table-headers",
-            "pid",
-            "client_properties",
-        ])
-        .output()
-        .expect("rabbitmqctl list_connections");
-    assert!(out.status.success(), "rabbitmqctl list_connections failed");
-    let listing = String::from_utf8_lossy(&out.stdout);
-    let mut closed = 0;
-    for line in listing
-        .lines()
-        .filter(|l| l.contains(&format!("<<\"{prefix}")))
-    {
-        let Some(pid) = line.split_whitespace().next() else {
-            continue;
-        };
-        let ok = std::process::Command::new("rabbitmqctl")
-            .args(["close_connection", pid, "acemq recovery test"])
-            .status()
-            .expect("rabbitmqctl close_connection")
-            .success();
-        if ok {
-            closed += 1;
-        }
-    }
-    closed
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn amqp_a_force_closed_connection_recovers_with_its_topology() {
     let Some(url) = support::amqp_url() else {
@@ -228,11 +193,11 @@ async fn amqp_a_force_closed_connection_recovers_with_its_topology() {
     .await
     .expect("declare");
 
-    assert_eq!(
-        close_own_connections(&name),
-        2,
-        "both connections found by name"
-    );
+    for side in ["publish", "consume"] {
+        support::close_rabbit_connection_named(&format!("{name} ({side})"))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
     let mut recovered = std::collections::HashSet::new();
     let seen = until(&mut events, Duration::from_secs(30), |e| {
         if let RecoveryEvent::Recovered { side, .. } = e {

@@ -83,6 +83,16 @@ async fn admit<T, F>(ctx: &Ctx<T, F>, d: &Delivery, mut acks: Option<&mut AckRun
             gate.await
         }
     };
+    if !d.acker.is_live() {
+        // Its channel is gone (the connection was lost while it waited): the broker has
+        // put it back already, and running the handler would only make a duplicate whose
+        // outcome cannot be settled.
+        if let Some(acks) = acks {
+            ctx.settler.flush(acks).await;
+        }
+        tracing::debug!(queue = %ctx.settler.queue, "skipping a delivery whose channel closed before it ran");
+        return false;
+    }
     if gate == Gate::Closing {
         if let Some(acks) = acks {
             ctx.settler.flush(acks).await;

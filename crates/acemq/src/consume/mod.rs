@@ -15,6 +15,7 @@ mod handle;
 pub(crate) mod handler;
 mod message;
 mod options;
+mod resubscribe;
 mod settle;
 mod stats;
 
@@ -41,8 +42,9 @@ use crate::codec::Decoder;
 use crate::engine::Engine;
 use crate::error::Error;
 use crate::lifecycle::ConsumerControl;
-use crate::transport::{ConsumeSpec, Subscription};
+use crate::transport::{ConsumeSpec, Subscription, Transport};
 use handle::{Ctx, handle};
+use resubscribe::resubscribe;
 use settle::{AckRun, Settler};
 use stats::Stats;
 
@@ -111,15 +113,14 @@ where
     engine
         .declare_for_consumer(queue, options.retry_policy())
         .await?;
-    let subscription = engine
-        .transport
-        .consume(ConsumeSpec {
-            queue: queue.to_owned(),
-            prefetch: options.prefetch,
-            consumer_tag: String::new(),
-            exclusive: false,
-        })
-        .await?;
+    // One tag for the consumer's life, kept across re-subscriptions (recoveries).
+    let spec = ConsumeSpec {
+        queue: queue.to_owned(),
+        prefetch: options.prefetch,
+        consumer_tag: consumer_tag(queue),
+        exclusive: false,
+    };
+    let subscription = engine.transport.consume(spec.clone()).await?;
     let queue: Arc<str> = Arc::from(queue);
     let stats = Arc::new(Stats::default());
     let in_flight = Arc::new(AtomicUsize::new(0));
@@ -148,16 +149,15 @@ where
     });
     engine.lifecycle.register(control.clone());
     let watched = control.clone();
+    let source = Source {
+        transport: engine.transport.clone(),
+        spec,
+        control: control.clone(),
+    };
     tokio::spawn(async move {
-        let ended = run(
-            subscription,
-            ctx,
-            options.concurrency,
-            options.prefetch,
-            stop,
-        )
-        .await;
-        watched.ended(ended);
+        run(subscription, source, ctx, options.concurrency, stop).await;
+        // Stopped by its user: no longer a consumer that health should call stopped.
+        watched.ended(None);
         done_tx.send_replace(true);
     });
     Ok(Consumer {
@@ -168,25 +168,41 @@ where
     })
 }
 
+/// The consumer tag: `acemq-{queue}-{8 hex}` (cut to AMQP's 255 bytes), stable for the
+/// consumer's life so a recovered subscription is recognisably the same consumer.
+fn consumer_tag(queue: &str) -> String {
+    let suffix = uuid::Uuid::new_v4().simple().to_string();
+    let mut head: String = format!("acemq-{queue}");
+    while head.len() > 240 {
+        head.pop();
+    }
+    format!("{head}-{}", &suffix[..8])
+}
+
+/// Where a consumer's subscription comes from, to subscribe again after the broker ended it.
+struct Source {
+    transport: Arc<dyn Transport>,
+    spec: ConsumeSpec,
+    control: Arc<ConsumerControl>,
+}
+
 async fn run<T, F, Fut>(
     mut subscription: Box<dyn Subscription>,
+    source: Source,
     ctx: Arc<Ctx<T, F>>,
     concurrency: usize,
-    prefetch: u16,
     stop: CancellationToken,
-) -> Option<String>
-where
+) where
     T: Send + 'static,
     F: Fn(Message<T>) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
 {
-    let mut ended = None;
     let slots = Arc::new(Semaphore::new(concurrency));
     let handlers = TaskTracker::new();
     // One handler at a time: acks of consecutive deliveries are sent as one `multiple` ack
     // while more deliveries are already buffered, at most half the prefetch window at once.
     let mut acks = AckRun::default();
-    let ack_run_limit = usize::from(prefetch / 2).max(1);
+    let ack_run_limit = usize::from(source.spec.prefetch / 2).max(1);
     loop {
         let permit = tokio::select! {
             biased;
@@ -234,19 +250,36 @@ where
             Some(Ok(delivery)) => {
                 handlers.spawn(handle(ctx.clone(), delivery, permit, None));
             }
-            Some(Err(e)) => {
-                tracing::error!(queue = %ctx.settler.queue, error = %e, "consumer subscription failed");
-                ended = Some(format!("the subscription failed: {e}"));
-                break;
-            }
-            None => {
-                if !subscription.cancelled_by_us() {
-                    tracing::warn!(queue = %ctx.settler.queue, "the broker ended the subscription (queue deleted or node down)");
-                    ended = Some(
-                        "the broker ended the subscription (queue deleted, or its node or connection went down)".into(),
-                    );
+            None if subscription.cancelled_by_us() => break,
+            ended_by => {
+                // The broker ended the subscription (its connection was lost, the queue was
+                // deleted, its node went down) or it failed: get it back.
+                let reason = match ended_by {
+                    Some(Err(e)) => format!("the subscription failed: {e}"),
+                    _ => "the broker ended the subscription (queue deleted, or its node or connection went down)".to_owned(),
+                };
+                tracing::warn!(queue = %ctx.settler.queue, %reason, "subscribing again");
+                // Acks held for coalescing can only go on the old channel: sent now, or
+                // dropped (counted) if it is gone; those messages come back (at most a
+                // prefetch window of duplicates).
+                ctx.settler.flush(&mut acks).await;
+                handlers.close();
+                handlers.wait().await;
+                handlers.reopen();
+                let _ = subscription.close().await;
+                source.control.ended(Some(reason));
+                match resubscribe(&source.transport, &source.spec, &stop, |why| {
+                    source.control.ended(Some(why))
+                })
+                .await
+                {
+                    Some(again) => {
+                        subscription = again;
+                        source.control.ended(None);
+                    }
+                    // Stopped (closed by the user) while waiting.
+                    None => break,
                 }
-                break;
             }
         }
     }
@@ -257,5 +290,4 @@ where
     handlers.close();
     handlers.wait().await;
     let _ = subscription.close().await;
-    ended
 }

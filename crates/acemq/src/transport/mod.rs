@@ -169,6 +169,12 @@ pub trait AckHandle: Send + Sync {
     /// Sends the settlement. Must fail with [`TransportError::AckNotSent`] when nothing
     /// reached the broker (the delivery was already settled, or its channel is gone).
     fn settle(&self, settlement: Settlement) -> BoxFuture<'static, Result<(), TransportError>>;
+
+    /// Whether a settlement could still reach the broker: `false` once the delivery's
+    /// channel is gone (the broker has put the message back already). Answered locally.
+    fn is_live(&self) -> bool {
+        true
+    }
 }
 
 /// Settles one delivery. Obtained from a [`Delivery`].
@@ -178,6 +184,11 @@ impl Acker {
     /// Wraps a transport's handle.
     pub fn new(handle: impl AckHandle + 'static) -> Self {
         Acker(Box::new(handle))
+    }
+
+    /// Whether a settlement could still reach the broker (see [`AckHandle::is_live`]).
+    pub fn is_live(&self) -> bool {
+        self.0.is_live()
     }
 
     /// Sends a settlement.
@@ -364,16 +375,58 @@ pub trait Transport: Send + Sync + 'static {
 /// # Ok(()) }
 /// ```
 pub async fn connect(url: &str) -> Result<Arc<dyn Transport>, crate::Error> {
+    connect_with(url, TransportOptions::default()).await
+}
+
+/// What [`connect_with`] sets up besides the URL: recovery for every transport, and the
+/// RabbitMQ settings (feature `amqp`).
+///
+/// ```
+/// use acemq::transport::TransportOptions;
+/// use acemq::transport::recovery::RecoveryPolicy;
+/// let o = TransportOptions::default().recovery(RecoveryPolicy::disabled());
+/// assert!(!o.recovery_policy().enabled());
+/// ```
+#[derive(Clone, Debug, Default)]
+#[non_exhaustive]
+pub struct TransportOptions {
+    recovery: recovery::RecoveryPolicy,
+    /// RabbitMQ's settings (name, heartbeat, addresses, credentials, TLS, timeouts); its
+    /// own recovery policy is replaced by [`TransportOptions::recovery`].
+    #[cfg(feature = "amqp")]
+    pub amqp: amqp::AmqpOptions,
+}
+
+impl TransportOptions {
+    /// How a lost connection is redialled (both transports).
+    pub fn recovery(mut self, policy: recovery::RecoveryPolicy) -> Self {
+        self.recovery = policy;
+        self
+    }
+
+    /// The recovery policy.
+    pub fn recovery_policy(&self) -> &recovery::RecoveryPolicy {
+        &self.recovery
+    }
+}
+
+/// [`connect`] with options.
+pub async fn connect_with(
+    url: &str,
+    options: TransportOptions,
+) -> Result<Arc<dyn Transport>, crate::Error> {
     if let Some(name) = url.strip_prefix("memory://") {
         if name.is_empty() {
             return Err(crate::Error::Config(
                 "memory:// needs a broker name, e.g. memory://orders".into(),
             ));
         }
-        return Ok(Arc::new(memory::MemoryTransport::connect(name)));
+        return Ok(Arc::new(
+            memory::MemoryTransport::connect(name).with_recovery(options.recovery),
+        ));
     }
     if url.starts_with("amqp://") || url.starts_with("amqps://") {
-        return connect_amqp(url).await;
+        return connect_amqp(url, options).await;
     }
     Err(crate::Error::Config(format!(
         "unsupported URL {:?}: use amqp://, amqps:// or memory://name",
@@ -382,12 +435,21 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Transport>, crate::Error> {
 }
 
 #[cfg(feature = "amqp")]
-async fn connect_amqp(url: &str) -> Result<Arc<dyn Transport>, crate::Error> {
-    Ok(Arc::new(amqp::AmqpTransport::connect(url).await?))
+async fn connect_amqp(
+    url: &str,
+    options: TransportOptions,
+) -> Result<Arc<dyn Transport>, crate::Error> {
+    let amqp = options.amqp.recovery(options.recovery);
+    Ok(Arc::new(
+        amqp::AmqpTransport::connect_with(url, amqp).await?,
+    ))
 }
 
 #[cfg(not(feature = "amqp"))]
-async fn connect_amqp(url: &str) -> Result<Arc<dyn Transport>, crate::Error> {
+async fn connect_amqp(
+    url: &str,
+    _options: TransportOptions,
+) -> Result<Arc<dyn Transport>, crate::Error> {
     Err(crate::Error::Config(format!(
         "{:?} needs the RabbitMQ transport, which this build left out: enable acemq's `amqp` feature (on by default; it is off with default-features = false)",
         recovery::redact(url)

@@ -31,9 +31,15 @@ use crate::transport::{
 };
 
 /// Settles one delivery through lapin's acker (bound to the channel it arrived on).
-struct LapinAcker(lapin::Acker);
+/// The channel's status tells whether a settlement can still be sent (`None` for
+/// `basic.get` deliveries, whose channel the transport replaces as needed).
+struct LapinAcker(lapin::Acker, Option<lapin::ChannelStatus>);
 
 impl AckHandle for LapinAcker {
+    fn is_live(&self) -> bool {
+        self.1.as_ref().is_none_or(lapin::ChannelStatus::connected)
+    }
+
     fn settle(&self, settlement: Settlement) -> BoxFuture<'static, Result<(), TransportError>> {
         let acker = self.0.clone();
         Box::pin(async move {
@@ -60,6 +66,11 @@ impl AckHandle for LapinAcker {
 
 /// A lapin delivery as a transport [`Delivery`] (the body is moved, not copied).
 pub(crate) fn delivery(d: lapin::message::Delivery) -> Delivery {
+    on_channel(d, None)
+}
+
+/// A delivery of a subscription's channel: its acker knows when that channel is gone.
+fn on_channel(d: lapin::message::Delivery, channel: Option<lapin::ChannelStatus>) -> Delivery {
     Delivery {
         delivery_tag: d.delivery_tag,
         properties: convert::from_basic(&d.properties),
@@ -67,7 +78,7 @@ pub(crate) fn delivery(d: lapin::message::Delivery) -> Delivery {
         routing_key: d.routing_key.into(),
         redelivered: d.redelivered,
         body: Bytes::from(d.data),
-        acker: Acker::new(LapinAcker(d.acker)),
+        acker: Acker::new(LapinAcker(d.acker, channel)),
     }
 }
 
@@ -118,7 +129,7 @@ impl Subscription for AmqpSubscription {
                         debug!(tag = %self.tag, "dropping a delivery buffered before its channel closed");
                         continue;
                     }
-                    Some(Ok(d)) => Some(Ok(delivery(d))),
+                    Some(Ok(d)) => Some(Ok(on_channel(d, Some(self.channel.status().clone())))),
                     Some(Err(e)) => {
                         if !self.channel.status().connected() {
                             self.ended = true;

@@ -31,7 +31,9 @@ use std::sync::{Arc, Weak};
 
 use tokio::time::Instant;
 
-use super::{Inner, MemoryBroker, MemoryTransport, open};
+use super::{Inner, open};
+#[cfg(feature = "testing")]
+use super::{MemoryBroker, MemoryTransport};
 use crate::transport::recovery::{Declared, RecoveryEvent, Side};
 
 #[cfg(feature = "testing")]
@@ -54,6 +56,7 @@ impl MemoryTransport {
             .unwrap_or_else(|e| e.into_inner())
             .clone();
         if !policy.enabled() {
+            inner.recovering.store(false, Ordering::Release);
             inner.events.emit(RecoveryEvent::GaveUp {
                 side: Side::Consume,
                 reason: "recovery is disabled".into(),
@@ -142,6 +145,7 @@ async fn recover(inner: Weak<Inner>) {
         }
         let policy = s.policy.lock().unwrap_or_else(|e| e.into_inner()).clone();
         if policy.exhausted(attempt) {
+            s.recovering.store(false, Ordering::Release);
             s.events.emit(RecoveryEvent::GaveUp {
                 side: Side::Consume,
                 reason: format!("{} redials failed: {last_error}", attempt - 1),
@@ -161,7 +165,7 @@ async fn recover(inner: Weak<Inner>) {
         if s.closed.load(Ordering::Acquire) {
             return;
         }
-        if s.broker.is_down() {
+        if s.broker.lock().down {
             last_error = format!("memory://{} is down", s.broker.name());
             continue;
         }

@@ -27,6 +27,14 @@ pub(crate) struct MemoryAcker {
 }
 
 impl AckHandle for MemoryAcker {
+    fn is_live(&self) -> bool {
+        self.broker
+            .lock()
+            .channels
+            .get(&self.channel)
+            .is_some_and(|c| !c.closed.load(Ordering::Acquire))
+    }
+
     fn settle(&self, settlement: Settlement) -> BoxFuture<'static, Result<(), TransportError>> {
         let r = self
             .broker
