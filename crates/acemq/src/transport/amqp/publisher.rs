@@ -206,7 +206,15 @@ impl Publisher {
         };
 
         if !self.link.ready() {
-            let mut status = self.state.lock().await.status.clone();
+            let mut status = {
+                let state = self.state.lock().await;
+                if state.closed {
+                    return Err(TransportError::Closed {
+                        detail: "the transport was closed".into(),
+                    });
+                }
+                state.status.clone()
+            };
             self.ready(&mut status).await?;
         }
         let mut guard = self.state.lock().await;
