@@ -4,6 +4,9 @@
 
 mod support;
 
+#[path = "outbox/faults.rs"]
+mod faults;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
