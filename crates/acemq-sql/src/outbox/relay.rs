@@ -1,5 +1,7 @@
 //! The [`OutboxRelay`]: a background task that claims pending outbox rows, publishes them
-//! and records each outcome.
+//! and records each outcome, telling the broker's refusal of a row (which spends one of its
+//! attempts) from the broker being unavailable (which never does: the relay waits for the
+//! connection instead).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -517,5 +519,67 @@ impl Drop for OutboxRelay {
         {
             let _ = r.stop.send(true);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_refused_and_invalid_spend_an_attempt() {
+        assert_eq!(verdict(ErrorKind::Refused), Verdict::Attempt);
+        assert_eq!(verdict(ErrorKind::Invalid), Verdict::Attempt);
+        assert_eq!(verdict(ErrorKind::Transient), Verdict::Unavailable);
+        assert_eq!(verdict(ErrorKind::InDoubt), Verdict::Unavailable);
+        assert_eq!(verdict(ErrorKind::Closed), Verdict::Closed);
+        let unroutable = acemq::Error::Unroutable {
+            exchange: String::new(),
+            routing_key: "q".into(),
+            message_id: "m".into(),
+            reply_text: "NO_ROUTE".into(),
+        };
+        assert_eq!(verdict(unroutable.kind()), Verdict::Attempt);
+        let nack = acemq::Error::Nacked {
+            message_id: "m".into(),
+        };
+        assert_eq!(
+            verdict(nack.kind()),
+            Verdict::Unavailable,
+            "a nack is transient"
+        );
+        let lost: acemq::Error = acemq::transport::TransportError::ConfirmLost {
+            detail: "gone".into(),
+            source: None,
+        }
+        .into();
+        assert_eq!(verdict(lost.kind()), Verdict::Unavailable);
+        let down: acemq::Error = acemq::transport::TransportError::NotConnected {
+            detail: "recovering".into(),
+        }
+        .into();
+        assert_eq!(verdict(down.kind()), Verdict::Unavailable);
+    }
+
+    #[tokio::test]
+    async fn the_backoff_doubles_from_the_poll_interval_up_to_the_cap() {
+        let conn = Connection::connect("memory://outbox-relay-backoff")
+            .await
+            .unwrap();
+        #[cfg(feature = "sqlite")]
+        {
+            let pool = sqlx::SqlitePool::connect_lazy("sqlite::memory:").unwrap();
+            let relay = OutboxRelay::new(conn, Outbox::new(pool))
+                .poll_interval(Duration::from_millis(100))
+                .max_backoff(Duration::from_millis(500));
+            let w = &relay.worker;
+            assert_eq!(w.backoff(1), Duration::from_millis(100));
+            assert_eq!(w.backoff(2), Duration::from_millis(200));
+            assert_eq!(w.backoff(3), Duration::from_millis(400));
+            assert_eq!(w.backoff(4), Duration::from_millis(500));
+            assert_eq!(w.backoff(u32::MAX), Duration::from_millis(500));
+        }
+        #[cfg(not(feature = "sqlite"))]
+        drop(conn);
     }
 }
