@@ -4,6 +4,8 @@
 
 mod support;
 
+#[path = "../../acemq/tests/drills/broker.rs"]
+mod broker;
 #[path = "outbox/faults.rs"]
 mod faults;
 

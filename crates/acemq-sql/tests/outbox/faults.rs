@@ -1,27 +1,32 @@
 //! The relay across broker faults injected on `memory://` (feature `testing`), on SQLite
 //! and PostgreSQL: an outage spends no attempt and loses nothing, a lost confirm spends no
 //! attempt (the row is published again: one counted duplicate), a blocked broker spends no
-//! attempt, a refused row is still retired, a closed connection stops the relay.
+//! attempt, a refused row is still retired, a closed connection stops the relay. On
+//! RabbitMQ (when `ACEMQ_TEST_AMQP_URL` is set) the broker force-closes this test's own
+//! connections (found by connection name) while the relay publishes.
 //!
 //! Real time with short delays: sqlx's pools keep their own timers, so the clock cannot be
 //! paused under them.
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use acemq::Connection;
 use acemq::connection::ConnectionOptions;
 use acemq::topology::QueueDecl;
 use acemq::transport::Transport;
+use acemq::transport::amqp::{AmqpOptions, AmqpTransport};
 use acemq::transport::memory::MemoryTransport;
 use acemq::transport::recovery::RecoveryPolicy;
 use acemq_sql::SqlPool;
 use acemq_sql::outbox::Outbox;
 
+use super::broker::close_our_connections_async;
 use super::support::{drop_table, eventually, unique_table};
 use super::{
-    DEADLINE, check_delivered, drain_queue, enqueue_orders, outbox_on, relay,
+    DEADLINE, check_delivered, drain_queue, enqueue_orders, outbox_on, real_targets, relay,
     unroutable_row_is_retried_then_retired,
 };
 
@@ -289,6 +294,89 @@ async fn a_closed_connection_stops_the_relay(pool: &SqlPool) {
     drop_table(pool, &table).await;
 }
 
+/// RabbitMQ force-closes the relay's connection (both of its connections, found by this
+/// test's unique connection name) while the relay publishes and rows keep being committed:
+/// the connection recovers, every row is published, none is retired (`max_attempts(1)`,
+/// so any counted failure would show) and none spent an attempt; duplicates stay within
+/// the in-doubt publishes.
+async fn a_force_closed_rabbitmq_connection_spends_no_attempt(pool: &SqlPool, url: &str) {
+    let name = format!("acemq-test.{}", unique_table("outbox_relay"));
+    let t = AmqpTransport::connect_with(
+        url,
+        AmqpOptions::default().connection_name(&name).recovery(
+            RecoveryPolicy::default().delays(Duration::from_millis(200), Duration::from_secs(2)),
+        ),
+    )
+    .await
+    .expect("connect");
+    let conn = Connection::with_transport(Arc::new(t), ConnectionOptions::default());
+    let queue = unique_table("acemq_outbox_forced_q");
+    conn.transport()
+        .declare_queue(&QueueDecl::classic(&queue))
+        .await
+        .unwrap();
+    let (outbox, table) = outbox_on(pool).await;
+    let mut expected = enqueue_orders(pool, &outbox, &queue, 100, 0).await;
+    let r = relay(&conn, &outbox).batch_size(10).max_attempts(1);
+    r.start().unwrap();
+    // Rows keep being committed, so the relay is publishing when the connection goes.
+    let stop = Arc::new(AtomicBool::new(false));
+    let enqueuer = tokio::spawn({
+        let (pool, outbox, queue, stop) =
+            (pool.clone(), outbox.clone(), queue.clone(), stop.clone());
+        async move {
+            let mut committed = HashMap::new();
+            while !stop.load(Ordering::SeqCst) {
+                committed.extend(enqueue_orders(&pool, &outbox, &queue, 2, 0).await);
+                // Pacing (about 200 rows a second), not waiting for anything.
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            committed
+        }
+    });
+    eventually("publishing under way", DEADLINE, || async {
+        r.published() >= 150
+    })
+    .await;
+    let closed = close_our_connections_async(None, name.clone(), "acemq outbox relay test")
+        .await
+        .expect("rabbitmqctl close_connection");
+    assert_eq!(closed, 2, "both of this test's connections closed");
+    let at_close = r.published();
+    eventually("publishing again after recovery", DEADLINE, || async {
+        r.published() >= at_close + 100
+    })
+    .await;
+    stop.store(true, Ordering::SeqCst);
+    expected.extend(enqueuer.await.unwrap());
+    eventually("every row published", DEADLINE, || async {
+        outbox.pending_count().await.unwrap() == 0
+    })
+    .await;
+    assert!(r.is_running(), "the relay was not restarted");
+    r.stop().await;
+    assert_eq!(r.retired(), 0);
+    assert!(outbox.retired().await.unwrap().is_empty());
+    all_published_none_spent(&outbox, expected.keys()).await;
+    let seen = check_delivered(&drain_queue(conn.transport(), &queue).await, &expected);
+    assert_eq!(seen.len(), expected.len(), "none lost");
+    let duplicates = seen.values().map(|n| (n - 1) as u64).sum::<u64>();
+    assert!(
+        duplicates <= r.in_doubt(),
+        "{duplicates} duplicates, above the {} in-doubt publishes",
+        r.in_doubt()
+    );
+    eprintln!(
+        "rabbitmq force-close: {} rows, {} unavailable, {} in doubt, {duplicates} duplicates",
+        expected.len(),
+        r.unavailable(),
+        r.in_doubt()
+    );
+    let _ = conn.transport().delete_queue(&queue).await;
+    drop_table(pool, &table).await;
+    let _ = tokio::time::timeout(Duration::from_secs(10), conn.close()).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn outbox_relay_across_injected_faults() {
     for (name, pool) in super::support::databases().await {
@@ -306,5 +394,8 @@ async fn outbox_relay_across_injected_faults() {
         let (_t, conn) = faulty(&unique_table("outbox_refused_q")).await;
         unroutable_row_is_retried_then_retired(&pool, &conn).await;
         conn.close().await.unwrap();
+        if let Some(url) = real_targets().into_iter().find(|u| u.starts_with("amqp")) {
+            a_force_closed_rabbitmq_connection_spends_no_attempt(&pool, &url).await;
+        }
     }
 }
