@@ -60,6 +60,19 @@ enum Verdict {
     Closed,
 }
 
+/// Whether a publish failed because of the connection itself (down, recovering, blocked,
+/// closed under it), whatever its status says yet: the rest of the batch would fail too.
+fn connection_trouble(e: &acemq::Error) -> bool {
+    use acemq::transport::TransportError as T;
+    matches!(
+        e,
+        acemq::Error::Blocked { .. }
+            | acemq::Error::Transport(
+                T::NotConnected { .. } | T::Closed { .. } | T::Io { .. } | T::Blocked { .. }
+            )
+    )
+}
+
 fn verdict(kind: ErrorKind) -> Verdict {
     match kind {
         ErrorKind::Refused | ErrorKind::Invalid => Verdict::Attempt,
@@ -105,11 +118,13 @@ impl Worker {
             let (id, attempts, result) = match row {
                 Ok(record) => {
                     let r = self.connection.publish_prepared(record.to_outbound()).await;
-                    let r = r.map(drop).map_err(|e| (e.kind(), e.to_string()));
+                    let r = r
+                        .map(drop)
+                        .map_err(|e| (e.kind(), connection_trouble(&e), e.to_string()));
                     (record.id, record.attempts, r)
                 }
                 // An unreadable row can never be published: it spends its attempts.
-                Err((id, e)) => (id, 0, Err((ErrorKind::Invalid, e.to_string()))),
+                Err((id, e)) => (id, 0, Err((ErrorKind::Invalid, false, e.to_string()))),
             };
             let marked = match result {
                 Ok(()) => {
@@ -120,7 +135,7 @@ impl Worker {
                     }
                     m
                 }
-                Err((kind, reason)) => {
+                Err((kind, trouble, reason)) => {
                     self.counters.failed.fetch_add(1, Ordering::Relaxed);
                     match verdict(kind) {
                         Verdict::Attempt => {
@@ -132,7 +147,7 @@ impl Worker {
                             if kind == ErrorKind::InDoubt {
                                 self.counters.in_doubt.fetch_add(1, Ordering::Relaxed);
                             }
-                            if self.available() {
+                            if !trouble && self.available() {
                                 // The connection is up: this publish alone failed (a nack,
                                 // a lost or late confirm). Try the row again after the retry
                                 // delay; go on with the batch.
@@ -316,9 +331,11 @@ struct Running {
 /// whose confirm was lost or timed out ([`ErrorKind::InDoubt`]). The row keeps its
 /// `attempts`, gets `last_error`, and stays pending:
 ///
-/// * if the connection is still up and unblocked (a nack, a lost confirm), the row is tried
-///   again after the retry delay and the batch goes on;
-/// * otherwise the rest of the batch is handed back untouched (claimable at once, order
+/// * if only this publish failed (a nack, a lost or late confirm) and the connection is
+///   still up and unblocked, the row is tried again after the retry delay and the batch
+///   goes on;
+/// * if the connection is the trouble (the publish was refused as not connected, blocked
+///   or closed under it, or the transport reports it down or blocked), the rest of the batch is handed back untouched (claimable at once, order
 ///   kept) and the relay pauses (the poll interval, doubling on each such pass, at most
 ///   [`max_backoff`](Self::max_backoff)), then waits for as long as the transport reports
 ///   the connection recovering or blocked ([`Connection::status`]) and resumes as soon as
@@ -559,6 +576,15 @@ mod tests {
         }
         .into();
         assert_eq!(verdict(down.kind()), Verdict::Unavailable);
+        assert!(connection_trouble(&down));
+        assert!(connection_trouble(&acemq::Error::Blocked {
+            reason: "disk".into()
+        }));
+        assert!(
+            !connection_trouble(&lost),
+            "a lost confirm is the row's publish"
+        );
+        assert!(!connection_trouble(&nack));
     }
 
     #[tokio::test]
