@@ -11,20 +11,19 @@
 //!   republishes a message under its own id (a retry hop, a dead letter), so the id alone
 //!   can name two publishes in flight at once; the destination tells them apart. A return
 //!   that lapin attached to a publish with the same key is that publish's own. lapin hands
-//!   a `basic.return` to whichever
-//!   pending confirm completes next, and a `multiple=true` ack completes its tags in
-//!   `HashMap` order, so a return can ride on another publish's confirm. Every confirm goes,
+//!   a `basic.return` to whichever pending confirm completes next, and a `multiple=true` ack
+//!   completes its tags in `HashMap` order, so a return can ride on another publish's
+//!   confirm (or on a dropped one, handed over by `wait_for_confirms`). Every confirm goes,
 //!   in publish order, to a collector task (one per publisher channel). When the oldest one
 //!   resolves, the collector gathers every later confirm that is already resolved, collects
 //!   the returns carried by all of them, and answers each publish by its own id: routed,
 //!   unroutable or nacked. Before it gathers, it takes lapin's acknowledgement lock once
 //!   (through a single, never-awaited poll of `wait_for_confirms`), so an ack frame that is
 //!   being applied is seen whole and a return is never missed because its carrier resolved
-//!   a microsecond later; this repeats until a pass finds nothing new. A return whose
-//!   publish is still unanswered waits for it, even when the collector's queue is empty:
-//!   its publish may have been confirmed by lapin before it was handed to the collector.
-//!   Publishes are numbered per channel, and a return is dropped only once every publish
-//!   written before it was seen has been answered (`returns` owns that bookkeeping).
+//!   a microsecond later; this repeats until a pass finds nothing new. A return waits for
+//!   its publish even when the queue is empty (lapin may confirm a publish before it is
+//!   handed over); it is dropped once every publish written before it was seen has been
+//!   answered (publishes are numbered per channel; `returns` owns that bookkeeping).
 //! * **Publishes without a `message_id`** are answered by the return lapin attached to their
 //!   own confirm (exact when they are not pipelined with other unroutable publishes; give
 //!   every publish an id, as AceMQ does).
