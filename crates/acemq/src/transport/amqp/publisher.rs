@@ -403,19 +403,15 @@ struct Inbox {
 }
 
 impl Inbox {
-    /// Waits for the next publish (`None` once the publisher is gone).
-    async fn recv(&mut self) -> Option<Pending> {
-        let p = self.incoming.recv().await?;
-        self.received = self.received.max(p.seq);
-        Some(p)
-    }
-
-    /// Moves every publish already handed over into `queue`.
+    /// Moves every publish already handed over into `queue` (after one taken from
+    /// `incoming` directly), and notes the highest number received.
     fn pull(&mut self, queue: &mut VecDeque<Pending>) {
         while let Ok(p) = self.incoming.try_recv() {
-            self.received = self.received.max(p.seq);
             queue.push_back(p);
         }
+        self.received = queue
+            .back()
+            .map_or(self.received, |p| p.seq.max(self.received));
     }
 }
 
@@ -444,7 +440,7 @@ async fn collect(
         // has confirmed but that has not been handed over yet (see `returns`).
         returns.expire(horizon(queue.front().map(|p| p.seq), inbox.received));
         if queue.is_empty() {
-            match inbox.recv().await {
+            match inbox.incoming.recv().await {
                 Some(p) => queue.push_back(p),
                 None => break,
             }
