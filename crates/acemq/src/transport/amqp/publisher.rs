@@ -76,7 +76,7 @@ struct Pending {
     message_id: Option<String>,
     /// A hash of the exchange, to tell which publish a channel close was about.
     exchange: u64,
-    /// The publish's number on its channel ([`Written::next`]), for matching returns.
+    /// The publish's number on its channel ([`Written::begin`]), for matching returns.
     seq: u64,
     /// When the frames were written (the confirm deadline is `confirm_timeout` later).
     published: Instant,
@@ -238,9 +238,9 @@ impl Publisher {
         let live = self.live(&mut state.live, &state.status, &conn).await?;
         state.status.mark_unchanged();
         let started = Instant::now();
-        // Numbered before lapin gets the frames: a return seen later has a watermark at
-        // least this high (see `returns`).
-        let seq = live.written.next();
+        // Numbered before lapin gets the frames, and in flight until handed over (see
+        // `returns`).
+        let in_flight = live.written.begin();
         let written = {
             let publish =
                 live.channel
@@ -261,7 +261,7 @@ impl Publisher {
         let pending = Pending {
             message_id,
             exchange: exchange_hash,
-            seq,
+            seq: in_flight.seq(),
             published: started,
             confirm,
             reply: Some(reply),
@@ -271,7 +271,7 @@ impl Publisher {
                 detail: "the publisher's confirm collector stopped".into(),
             });
         }
-        drop(guard);
+        drop((guard, in_flight));
         Ok(Box::pin(async move {
             answer.await.unwrap_or_else(|_| {
                 Err(TransportError::ConfirmLost {
@@ -492,7 +492,14 @@ async fn collect(
                         own_return: None,
                     });
                 }
-                gather(&mut inbox, &mut queue, &mut batch, &mut returns);
+                gather(
+                    &mut inbox,
+                    &mut queue,
+                    &mut batch,
+                    &mut returns,
+                    confirm_timeout,
+                )
+                .await;
                 answer(&mut batch, &mut returns, inbox.written.current());
             }
         }
@@ -501,15 +508,19 @@ async fn collect(
 }
 
 /// Moves every already-resolved confirm at the front of `queue` into `batch`, behind a
-/// barrier on lapin's acknowledgement lock, until a pass finds nothing new.
-fn gather(
+/// barrier on lapin's acknowledgement lock, until a pass finds nothing new. Each pass first
+/// waits (up to `limit`) for the publish being written, if any, to be handed over: lapin may
+/// have confirmed it already, with a return of this batch on its confirm.
+async fn gather(
     inbox: &mut Inbox,
     queue: &mut VecDeque<Pending>,
     batch: &mut Vec<Done>,
     returns: &mut Returns,
+    limit: Duration,
 ) {
     loop {
-        barrier(inbox, returns);
+        let _ = tokio::time::timeout(limit, inbox.written.settled()).await;
+        returns.barrier(&inbox.channel, &inbox.written);
         inbox.pull(queue);
         let before = batch.len();
         while let Some(front) = queue.front_mut() {
@@ -527,16 +538,6 @@ fn gather(
         if batch.len() == before {
             return;
         }
-    }
-}
-
-/// Waits until lapin has finished applying the ack frame it may be applying right now: the
-/// first poll of `wait_for_confirms` takes the acknowledgement lock. The future is never
-/// awaited; when it is ready at once it hands over returns carried by dropped confirms,
-/// which are held (with the watermark read after they were handed over) for their publish.
-fn barrier(inbox: &Inbox, returns: &mut Returns) {
-    if let Some(Ok(orphans)) = inbox.channel.wait_for_confirms().now_or_never() {
-        returns.hold_all(orphans, inbox.written.current());
     }
 }
 

@@ -13,7 +13,7 @@
 //! `basic_publish` returned, and by then lapin may already have applied its return and ack.
 //! So "the collector's queue is empty" does not mean "no publish can claim this return".
 //!
-//! Every publish on a channel gets a sequence number ([`Written::next`]) *before* its frames
+//! Every publish on a channel gets a sequence number ([`Written::begin`]) *before* its frames
 //! are handed to lapin, so every publish the broker can have returned has a number no
 //! greater than the counter read when the return is seen. That reading is the return's
 //! **watermark**:
@@ -27,11 +27,19 @@
 //! The rule is exact (no timer, no guess of how late a hand-over can be) and bounded: a
 //! return outlives its last possible claimant only until the next publish reaches the
 //! collector (when a publish failed before its hand-over, leaving a gap in the sequence).
+//!
+//! The other way round, a publish not yet handed over may already be confirmed with the
+//! return of a publish about to be answered on its confirm. So before it answers, the
+//! collector waits ([`Written::settled`], bounded by the confirm timeout) for the publish
+//! being written, if any, to be handed over: its guard ([`InFlight`]) is dropped after the
+//! hand-over or when the publish gives up (error, block, cancelled caller).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use futures::FutureExt;
+use tokio::sync::Notify;
 use tracing::warn;
 
 use crate::transport::Confirmation;
@@ -39,19 +47,68 @@ use crate::transport::Confirmation;
 /// What a `basic.return` says: reply code and text.
 pub(super) type Returned = (u16, String);
 
-/// The per-channel publish counter shared by the publisher and its collector.
+/// The per-channel publish counters shared by the publisher and its collector.
 #[derive(Clone, Debug, Default)]
-pub(super) struct Written(Arc<AtomicU64>);
+pub(super) struct Written(Arc<Counters>);
+
+#[derive(Debug, Default)]
+struct Counters {
+    /// The highest number handed out.
+    numbered: AtomicU64,
+    /// The highest number whose publish call is done with the collector (handed over,
+    /// failed or cancelled).
+    settled: AtomicU64,
+    settle: Notify,
+}
 
 impl Written {
-    /// Numbers the next publish (from 1). Call before the frames are handed to lapin.
-    pub(super) fn next(&self) -> u64 {
-        self.0.fetch_add(1, Ordering::SeqCst) + 1
+    /// Numbers the next publish (from 1). Call before the frames are handed to lapin, and
+    /// keep the guard until the publish was handed to the collector (or gave up).
+    pub(super) fn begin(&self) -> InFlight {
+        InFlight {
+            seq: self.0.numbered.fetch_add(1, Ordering::SeqCst) + 1,
+            written: self.clone(),
+        }
     }
 
     /// The highest number handed out so far: the watermark of a return seen now.
     pub(super) fn current(&self) -> u64 {
-        self.0.load(Ordering::SeqCst)
+        self.0.numbered.load(Ordering::SeqCst)
+    }
+
+    /// Waits until every publish numbered so far is done with the collector: one lapin has
+    /// already confirmed may carry the return of a publish about to be answered.
+    pub(super) async fn settled(&self) {
+        let target = self.current();
+        loop {
+            let notified = self.0.settle.notified();
+            if self.0.settled.load(Ordering::SeqCst) >= target {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// A numbered publish that is not yet done with the collector; dropping it says it is.
+#[derive(Debug)]
+pub(super) struct InFlight {
+    seq: u64,
+    written: Written,
+}
+
+impl InFlight {
+    /// The publish's number.
+    pub(super) fn seq(&self) -> u64 {
+        self.seq
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let counters = &self.written.0;
+        counters.settled.fetch_max(self.seq, Ordering::SeqCst);
+        counters.settle.notify_waiters();
     }
 }
 
@@ -137,15 +194,17 @@ impl Returns {
         self.sort(key, returned, own, watermark)
     }
 
-    /// Holds returns carried by dropped confirms (handed over by `wait_for_confirms`).
-    pub(super) fn hold_all(
-        &mut self,
-        orphans: Vec<lapin::message::BasicReturnMessage>,
-        watermark: u64,
-    ) {
-        for ret in orphans {
-            let (key, returned) = split_return(ret);
-            self.hold(key, returned, watermark);
+    /// Waits until lapin has finished applying the ack frame it may be applying right now:
+    /// the first poll of `wait_for_confirms` takes the acknowledgement lock. The future is
+    /// never awaited; when it is ready at once it hands over returns carried by dropped
+    /// confirms, which are held (with the watermark read after they were handed over).
+    pub(super) fn barrier(&mut self, channel: &lapin::Channel, written: &Written) {
+        if let Some(Ok(orphans)) = channel.wait_for_confirms().now_or_never() {
+            let watermark = written.current();
+            for ret in orphans {
+                let (key, returned) = split_return(ret);
+                self.hold(key, returned, watermark);
+            }
         }
     }
 
@@ -264,9 +323,32 @@ mod tests {
     fn the_sequence_counts_from_one_and_the_watermark_follows_it() {
         let written = Written::default();
         assert_eq!(written.current(), 0);
-        assert_eq!(written.next(), 1);
-        assert_eq!(written.clone().next(), 2, "clones share the counter");
+        assert_eq!(written.begin().seq(), 1);
+        assert_eq!(written.clone().begin().seq(), 2, "clones share the counter");
         assert_eq!(written.current(), 2);
+    }
+
+    #[tokio::test]
+    async fn settled_waits_for_the_publish_in_flight_and_not_for_later_ones() {
+        let written = Written::default();
+        written.settled().now_or_never().expect("nothing in flight");
+        let first = written.begin();
+        let mut waiting = Box::pin(written.settled());
+        assert!(
+            (&mut waiting).now_or_never().is_none(),
+            "publish 1 in flight"
+        );
+        drop(first);
+        let second = written.begin();
+        waiting
+            .now_or_never()
+            .expect("publish 1 settled; publish 2 was numbered later");
+        assert!(
+            written.settled().now_or_never().is_none(),
+            "publish 2 in flight"
+        );
+        drop(second);
+        written.settled().now_or_never().expect("all settled");
     }
 
     #[test]
@@ -307,7 +389,7 @@ mod tests {
     #[test]
     fn a_return_waits_for_a_publish_not_yet_handed_to_the_collector() {
         let written = Written::default();
-        let (first, second) = (written.next(), written.next());
+        let (first, second) = (written.begin().seq(), written.begin().seq());
         let mut returns = Returns::default();
         let mut received = first;
 
@@ -343,7 +425,7 @@ mod tests {
     fn an_unclaimable_return_expires_once_every_possible_owner_was_answered() {
         let written = Written::default();
         let mut returns = Returns::default();
-        let lost = written.next(); // written, but never handed to the collector
+        let lost = written.begin().seq(); // written, but never handed to the collector
         returns.hold(Some(key("m-1", "nowhere")), no_route(), written.current());
         returns.hold(None, no_route(), written.current());
 
@@ -353,7 +435,7 @@ mod tests {
 
         // Publish 2 (a retry of the same message to the same place) arrives: it was written
         // after the returns were seen, so they are not its own and it cannot take them.
-        let retry = written.next();
+        let retry = written.begin().seq();
         assert!(retry > lost);
         assert_eq!(returns.claim(Some(&key("m-1", "nowhere")), retry), None);
         assert_eq!(returns.claim(None, retry), None);
