@@ -160,14 +160,17 @@ impl Drop for Gauge<'_> {
 }
 
 impl Settler {
-    /// Publishes a copy (sized first); `Ok` with `counter` once it landed and the original
-    /// was acked, the failure otherwise (nothing settled).
+    /// Publishes a copy (sized first); once it landed, records `counter` (before the ack,
+    /// so the outcome is counted before the copy can be handled) and acks the original
+    /// (an ack that does not reach the broker is counted as `settle_failed` too); the
+    /// failure otherwise (nothing settled, nothing recorded).
     pub(super) async fn try_move(
         &self,
         d: &Delivery,
         mut copy: Outbound,
         counter: Counter,
-    ) -> Result<Counter, Failure> {
+        seen: &Observed,
+    ) -> Result<(), Failure> {
         let target = copy.routing_key.clone();
         if let Err(too_large) = self.engine.fit(&mut copy) {
             return Err(Failure {
@@ -176,7 +179,19 @@ impl Settler {
             });
         }
         match self.engine.publish_on_behalf(copy).await {
-            Ok(Confirmation::Routed) => Ok(self.send(d, ACK, counter).await),
+            Ok(Confirmation::Routed) => {
+                self.record(
+                    counter,
+                    &seen.series,
+                    seen.started.elapsed(),
+                    Some(&seen.span),
+                );
+                let sent = self.send(d, ACK, counter).await;
+                if sent != counter {
+                    self.stats.add(sent);
+                }
+                Ok(())
+            }
             other => Err(classify(&target, other)),
         }
     }
@@ -196,8 +211,9 @@ impl Settler {
         };
         let me = self.clone();
         self.waits.spawn(async move {
-            let counter = me.later(job).await;
-            me.record(counter, &seen.series, seen.started.elapsed(), Some(&seen.span));
+            if let Some(counter) = me.later(job, &seen).await {
+                me.record(counter, &seen.series, seen.started.elapsed(), Some(&seen.span));
+            }
             seen.series.in_flight(-1);
             me.in_flight.fetch_sub(1, Ordering::SeqCst);
             me.engine.lifecycle.handler_finished();
@@ -205,7 +221,8 @@ impl Settler {
         });
     }
 
-    async fn later(&self, job: Later) -> Counter {
+    /// Carries `job` out; the counter to record, `None` when it was recorded already.
+    async fn later(&self, job: Later, seen: &Observed) -> Option<Counter> {
         let Later {
             d,
             wait,
@@ -217,24 +234,24 @@ impl Settler {
             (_, Some(f)) => f,
             (Some(delay), None) => {
                 if !self.wait(delay).await {
-                    return self.send(&d, REQUEUE, Counter::RequeuedOnClose).await;
+                    return Some(self.send(&d, REQUEUE, Counter::RequeuedOnClose).await);
                 }
                 if !d.acker.is_live() {
                     // Its channel was lost meanwhile: the broker has it back already, and a
                     // copy now would be a duplicate.
-                    return Counter::SettleFailed;
+                    return Some(Counter::SettleFailed);
                 }
-                match self.try_move(&d, copy.clone(), counter).await {
-                    Ok(c) => return c,
+                match self.try_move(&d, copy.clone(), counter, seen).await {
+                    Ok(()) => return None,
                     Err(f) => f,
                 }
             }
-            (None, None) => match self.try_move(&d, copy.clone(), counter).await {
-                Ok(c) => return c,
+            (None, None) => match self.try_move(&d, copy.clone(), counter, seen).await {
+                Ok(()) => return None,
                 Err(f) => f,
             },
         };
-        self.keep_moving(&d, copy, counter, failure).await
+        self.keep_moving(&d, copy, counter, failure, seen).await
     }
 
     /// Tries a failed move again with backoff while the delivery's channel lives; the
@@ -245,7 +262,8 @@ impl Settler {
         copy: Outbound,
         counter: Counter,
         mut failure: Failure,
-    ) -> Counter {
+        seen: &Observed,
+    ) -> Option<Counter> {
         let target = copy.routing_key.clone();
         let _failing = Gauge::up(&self.moves.moves_failing);
         let mut held = None;
@@ -255,7 +273,7 @@ impl Settler {
             self.metrics.any().set_aside_failed(&target);
             if failure.permanent {
                 if let Some(c) = self.fallback(d, counter, &failure).await {
-                    return c;
+                    return Some(c);
                 }
                 if held.is_none() {
                     tracing::error!(queue = %self.queue, target, failure = %failure.what, "the copy cannot be sent and the queue has no dead-letter arguments (acemq.dlx) to fall back on; holding the message unacked (it is not run again) until its channel closes");
@@ -267,17 +285,17 @@ impl Settler {
             tokio::select! {
                 biased;
                 _ = self.closing.cancelled() => {
-                    return self.send(d, REQUEUE, Counter::RequeuedOnClose).await;
+                    return Some(self.send(d, REQUEUE, Counter::RequeuedOnClose).await);
                 }
                 _ = tokio::time::sleep(pause) => {}
             }
             if !d.acker.is_live() {
                 tracing::debug!(queue = %self.queue, "the channel of a delivery whose move was failing closed; the broker redelivers it");
-                return Counter::SettleFailed;
+                return Some(Counter::SettleFailed);
             }
             pause = (pause * 2).min(MOVE_RETRY_MAX);
-            match self.try_move(d, copy.clone(), counter).await {
-                Ok(c) => return c,
+            match self.try_move(d, copy.clone(), counter, seen).await {
+                Ok(()) => return None,
                 Err(f) => failure = f,
             }
         }

@@ -105,7 +105,7 @@ impl Settler {
         decision: Decision,
         seen: &Observed,
     ) {
-        let now = |counter| Step::Done(counter);
+        let now = |counter| Step::Done(Some(counter));
         let step = match decision {
             Decision::Ack => now(self.send(&d, ACK, Counter::Acked).await),
             Decision::Release => now(self.send(&d, REQUEUE, Counter::Released).await),
@@ -126,7 +126,7 @@ impl Settler {
                     .headers
                     .insert(envelope::ERROR.into(), HeaderValue::Str(reason));
                 copy.properties.expiration = None;
-                self.move_now(d, copy, Counter::Parked).await
+                self.move_now(d, copy, Counter::Parked, seen).await
             }
             Decision::DeadLetter { reason, kind } => {
                 let target = dead_letter_queue(&self.queue);
@@ -137,17 +137,18 @@ impl Settler {
                     DeadLetterKind::Unprocessable => Counter::Rejected,
                     DeadLetterKind::Exhausted | DeadLetterKind::Requested => Counter::DeadLettered,
                 };
-                self.move_now(d, copy, counter).await
+                self.move_now(d, copy, counter, seen).await
             }
             Decision::Retry(wait) => self.retry(d, envelope, wait).await,
         };
         match step {
-            Step::Done(counter) => self.record(
+            Step::Done(Some(counter)) => self.record(
                 counter,
                 &seen.series,
                 seen.started.elapsed(),
                 Some(&seen.span),
             ),
+            Step::Done(None) => {}
             Step::Later(job) => self.spawn_later(job, seen),
         }
     }
@@ -249,7 +250,7 @@ impl Settler {
             };
             match result {
                 Some(Ok(Confirmation::Routed)) => {
-                    return Step::Done(self.send(&d, ACK, Counter::Retried).await);
+                    return Step::Done(Some(self.send(&d, ACK, Counter::Retried).await));
                 }
                 Some(Ok(Confirmation::Unroutable { .. })) => {
                     // The rung does not exist: count it and wait here instead.
@@ -280,9 +281,15 @@ impl Settler {
     }
 
     /// Tries a move at once; if it does not land, it goes on out of the handler slot.
-    async fn move_now(&self, d: Delivery, copy: Outbound, counter: Counter) -> Step {
-        match self.try_move(&d, copy.clone(), counter).await {
-            Ok(c) => Step::Done(c),
+    async fn move_now(
+        &self,
+        d: Delivery,
+        copy: Outbound,
+        counter: Counter,
+        seen: &Observed,
+    ) -> Step {
+        match self.try_move(&d, copy.clone(), counter, seen).await {
+            Ok(()) => Step::Done(None),
             Err(failure) => Step::Later(Later {
                 d,
                 wait: None,
@@ -318,8 +325,8 @@ impl Settler {
 
 /// What settling a delivery came to now.
 enum Step {
-    /// Settled: count this.
-    Done(Counter),
+    /// Settled: count this (`None`: counted already).
+    Done(Option<Counter>),
     /// It goes on outside the handler slot.
     Later(Later),
 }
