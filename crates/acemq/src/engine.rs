@@ -32,12 +32,12 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::envelope::{self, Envelope, origin_for};
 use crate::error::Error;
+use crate::headers::HeaderValue;
 use crate::health::{
     Health, HealthContributor, HealthRegistry, HealthReport, HealthStatus, connection_report,
 };
 use crate::intercept::Interceptors;
 use crate::lifecycle::{ABANDON_AFTER, Lifecycle};
-use crate::headers::HeaderValue;
 use crate::retry::RetryPolicy;
 use crate::topology::{DEAD_LETTER_EXCHANGE, Topology, dead_letter_queue};
 use crate::transport::{
@@ -157,14 +157,14 @@ impl Engine {
         mut outbound: Outbound,
     ) -> Result<Confirmation, TransportError> {
         outbound.mandatory = true;
-        let _permit = self
-            .moves
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(|_| TransportError::Closed {
-                detail: "connection closed".into(),
-            })?;
+        let _permit =
+            self.moves
+                .clone()
+                .acquire_owned()
+                .await
+                .map_err(|_| TransportError::Closed {
+                    detail: "connection closed".into(),
+                })?;
         self.transport.publish(outbound).await?.await
     }
 
@@ -409,7 +409,10 @@ mod tests {
         let size = header_frame_size(&c.properties);
         assert!(size <= 131_072 - HEADER_MARGIN, "{size}");
         let reason = c.properties.headers[envelope::ERROR].as_str().unwrap();
-        assert!(reason.ends_with("... [truncated]") && reason.starts_with('r'), "{reason}");
+        assert!(
+            reason.ends_with("... [truncated]") && reason.starts_with('r'),
+            "{reason}"
+        );
     }
 
     #[test]

@@ -122,7 +122,12 @@ async fn failed_move(target: Target) {
             .then_some(())
     })
     .await;
-    assert_eq!(consumer.in_flight(), 1, "m3 waits, unacked: {:?}", consumer.moves());
+    assert_eq!(
+        consumer.in_flight(),
+        1,
+        "m3 waits, unacked: {:?}",
+        consumer.moves()
+    );
     // The dead-letter queue comes back: the held move lands on one of its next tries.
     mq.transport()
         .declare_queue(&QueueDecl::classic(&dlq))

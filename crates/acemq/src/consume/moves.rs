@@ -20,8 +20,8 @@
 //! What is going on is shared in [`MoveState`] (read by the consumer's health, and by the
 //! run loop, which stops taking deliveries while moves fail and publishing is impossible).
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::settle::{ACK, REQUEUE, Settler};
@@ -143,6 +143,22 @@ pub(super) fn publishing_impossible(t: &dyn Transport) -> Option<String> {
     None
 }
 
+/// One delivery counted in [`MoveState::moves_failing`] until dropped.
+struct Failing(Arc<MoveState>);
+
+impl Failing {
+    fn up(state: &Arc<MoveState>) -> Failing {
+        state.moves_failing.fetch_add(1, Ordering::SeqCst);
+        Failing(state.clone())
+    }
+}
+
+impl Drop for Failing {
+    fn drop(&mut self) {
+        self.0.moves_failing.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// Counts down a gauge when dropped.
 struct Gauge<'a>(&'a AtomicUsize);
 
@@ -199,8 +215,11 @@ impl Settler {
     /// Hands `job` to a tracked task of its own, so its handler slot is free at once; the
     /// delivery stays unacked (in the prefetch window) and counted as in flight.
     pub(super) fn spawn_later(&self, job: Later, seen: &Observed) {
-        // Counted out before this returns, so an ack run never covers it (see AckRun).
+        // Counted out before this returns, so an ack run never covers it (see AckRun), and
+        // a failing move is counted before the run loop decides whether to take the next
+        // delivery.
         self.moves.waiting.fetch_add(1, Ordering::SeqCst);
+        let failing = job.failed.is_some().then(|| Failing::up(&self.moves));
         self.engine.lifecycle.handler_started();
         self.in_flight.fetch_add(1, Ordering::SeqCst);
         seen.series.in_flight(1);
@@ -211,8 +230,13 @@ impl Settler {
         };
         let me = self.clone();
         self.waits.spawn(async move {
-            if let Some(counter) = me.later(job, &seen).await {
-                me.record(counter, &seen.series, seen.started.elapsed(), Some(&seen.span));
+            if let Some(counter) = me.later(job, &seen, failing).await {
+                me.record(
+                    counter,
+                    &seen.series,
+                    seen.started.elapsed(),
+                    Some(&seen.span),
+                );
             }
             seen.series.in_flight(-1);
             me.in_flight.fetch_sub(1, Ordering::SeqCst);
@@ -222,7 +246,12 @@ impl Settler {
     }
 
     /// Carries `job` out; the counter to record, `None` when it was recorded already.
-    async fn later(&self, job: Later, seen: &Observed) -> Option<Counter> {
+    async fn later(
+        &self,
+        job: Later,
+        seen: &Observed,
+        failing: Option<Failing>,
+    ) -> Option<Counter> {
         let Later {
             d,
             wait,
@@ -251,7 +280,9 @@ impl Settler {
                 Err(f) => f,
             },
         };
-        self.keep_moving(&d, copy, counter, failure, seen).await
+        let failing = failing.unwrap_or_else(|| Failing::up(&self.moves));
+        self.keep_moving(&d, copy, counter, failure, seen, failing)
+            .await
     }
 
     /// Tries a failed move again with backoff while the delivery's channel lives; the
@@ -263,9 +294,9 @@ impl Settler {
         counter: Counter,
         mut failure: Failure,
         seen: &Observed,
+        _failing: Failing,
     ) -> Option<Counter> {
         let target = copy.routing_key.clone();
-        let _failing = Gauge::up(&self.moves.moves_failing);
         let mut held = None;
         let mut pause = SET_ASIDE_PAUSE;
         loop {
@@ -328,10 +359,12 @@ impl Settler {
 }
 
 /// What a publish that did not land says about the next try.
-fn classify(target: &str, result: Result<Confirmation, TransportError>) -> Failure {
+pub(super) fn classify(target: &str, result: Result<Confirmation, TransportError>) -> Failure {
     match result {
         Ok(Confirmation::Unroutable { reply_text, .. }) => Failure {
-            what: format!("the copy for {target} routed nowhere ({reply_text}): the queue is missing"),
+            what: format!(
+                "the copy for {target} routed nowhere ({reply_text}): the queue is missing"
+            ),
             permanent: true,
         },
         Ok(other) => Failure {

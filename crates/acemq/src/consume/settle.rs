@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::decide::{DeadLetterKind, Decision};
-use super::moves::{Later, MoveState};
+use super::moves::{Failure, Later, MoveState, classify};
 use super::stats::{ConsumerMetrics, Counter, Observed, Stats};
 use crate::engine::{Engine, copy_as_delivered};
 use crate::envelope::{self, Envelope};
@@ -243,34 +243,40 @@ impl Settler {
         if wait.in_broker {
             let rung = retry_queue(&self.queue, wait.delay);
             let mut copy = self.engine.copy_with(&d, &rung, &next);
-            let sized = self.engine.fit(&mut copy);
-            let result = match sized {
-                Ok(()) => Some(self.engine.publish_on_behalf(copy.clone()).await),
-                Err(_) => None,
+            let failure = match self.engine.fit(&mut copy) {
+                Err(too_large) => Failure {
+                    what: format!("the copy for {rung} cannot be sent: {too_large}"),
+                    permanent: true,
+                },
+                Ok(()) => match self.engine.publish_on_behalf(copy.clone()).await {
+                    Ok(Confirmation::Routed) => {
+                        return Step::Done(Some(self.send(&d, ACK, Counter::Retried).await));
+                    }
+                    Ok(Confirmation::Unroutable { .. }) => {
+                        // The rung does not exist: count it and wait here instead.
+                        self.stats.add(Counter::RungMissing);
+                        self.metrics.any().rung_missing(&rung);
+                        tracing::warn!(queue = %self.queue, rung = %rung, "retry rung missing; waiting in the consumer instead");
+                        return self.wait_then_retry(d, &next, wait);
+                    }
+                    other => classify(&rung, other),
+                },
             };
-            match result {
-                Some(Ok(Confirmation::Routed)) => {
-                    return Step::Done(Some(self.send(&d, ACK, Counter::Retried).await));
-                }
-                Some(Ok(Confirmation::Unroutable { .. })) => {
-                    // The rung does not exist: count it and wait here instead.
-                    self.stats.add(Counter::RungMissing);
-                    self.metrics.any().rung_missing(&rung);
-                    tracing::warn!(queue = %self.queue, rung = %rung, "retry rung missing; waiting in the consumer instead");
-                }
-                // Too large, or not published: the move is tried again with backoff.
-                _ => {
-                    return Step::Later(Later {
-                        d,
-                        wait: None,
-                        copy,
-                        counter: Counter::Retried,
-                        failed: None,
-                    });
-                }
-            }
+            // Too large, or not published: the hop is tried again with backoff.
+            return Step::Later(Later {
+                d,
+                wait: None,
+                copy,
+                counter: Counter::Retried,
+                failed: Some(failure),
+            });
         }
-        let copy = self.engine.copy_with(&d, &self.queue, &next);
+        self.wait_then_retry(d, &next, wait)
+    }
+
+    /// The wait in the consumer (out of the handler slot), then the copy to `{q}`.
+    fn wait_then_retry(&self, d: Delivery, next: &Envelope, wait: Wait) -> Step {
+        let copy = self.engine.copy_with(&d, &self.queue, next);
         Step::Later(Later {
             d,
             wait: Some(wait.delay),

@@ -95,6 +95,9 @@ mod tests {
             "a".into(),
             HeaderValue::Array(vec![HeaderValue::I64(1), HeaderValue::Bool(true)]),
         );
-        assert_eq!(header_frame_size(&p), base + 4 + 2 + 1 + 7 + 2 + 1 + 4 + 9 + 2);
+        assert_eq!(
+            header_frame_size(&p),
+            base + 4 + 2 + 1 + 7 + 2 + 1 + 4 + 9 + 2
+        );
     }
 }

@@ -555,7 +555,14 @@ impl Transport for AmqpTransport {
     /// The publishing connection's negotiated `frame_max` (0, "no limit", reads as
     /// [`super::DEFAULT_FRAME_MAX`]).
     fn frame_max(&self) -> u32 {
-        match self.inner.publisher.link().current().configuration().frame_max() {
+        match self
+            .inner
+            .publisher
+            .link()
+            .current()
+            .configuration()
+            .frame_max()
+        {
             0 => super::DEFAULT_FRAME_MAX,
             n => n,
         }
