@@ -112,13 +112,13 @@ impl Settler {
             Decision::Duplicate => now(self.send(&d, ACK, Counter::Duplicate).await),
             Decision::InProgress(delay) => {
                 let copy = self.engine.copy_with(&d, &self.queue, envelope);
-                Step::Later(Later {
+                Step::Later(Box::new(Later {
                     d,
                     wait: Some(delay),
                     copy,
                     counter: Counter::InProgress,
                     failed: None,
-                })
+                }))
             }
             Decision::Park { reason } => {
                 let mut copy = copy_as_delivered(&d, &parked_queue(&self.queue));
@@ -149,7 +149,7 @@ impl Settler {
                 Some(&seen.span),
             ),
             Step::Done(None) => {}
-            Step::Later(job) => self.spawn_later(job, seen),
+            Step::Later(job) => self.spawn_later(*job, seen),
         }
     }
 
@@ -263,13 +263,13 @@ impl Settler {
                 },
             };
             // Too large, or not published: the hop is tried again with backoff.
-            return Step::Later(Later {
+            return Step::Later(Box::new(Later {
                 d,
                 wait: None,
                 copy,
                 counter: Counter::Retried,
                 failed: Some(failure),
-            });
+            }));
         }
         self.wait_then_retry(d, &next, wait)
     }
@@ -277,13 +277,13 @@ impl Settler {
     /// The wait in the consumer (out of the handler slot), then the copy to `{q}`.
     fn wait_then_retry(&self, d: Delivery, next: &Envelope, wait: Wait) -> Step {
         let copy = self.engine.copy_with(&d, &self.queue, next);
-        Step::Later(Later {
+        Step::Later(Box::new(Later {
             d,
             wait: Some(wait.delay),
             copy,
             counter: Counter::Retried,
             failed: None,
-        })
+        }))
     }
 
     /// Tries a move at once; if it does not land, it goes on out of the handler slot.
@@ -296,13 +296,13 @@ impl Settler {
     ) -> Step {
         match self.try_move(&d, copy.clone(), counter, seen).await {
             Ok(()) => Step::Done(None),
-            Err(failure) => Step::Later(Later {
+            Err(failure) => Step::Later(Box::new(Later {
                 d,
                 wait: None,
                 copy,
                 counter,
                 failed: Some(failure),
-            }),
+            })),
         }
     }
 
@@ -334,7 +334,7 @@ enum Step {
     /// Settled: count this (`None`: counted already).
     Done(Option<Counter>),
     /// It goes on outside the handler slot.
-    Later(Later),
+    Later(Box<Later>),
 }
 
 pub(super) const ACK: Settlement = Settlement::Ack { multiple: false };
