@@ -33,7 +33,7 @@ pub const WAIT_PREFETCH: u16 = 100;
 
 /// Whether message `seq` is one that fails once (when failures are on).
 pub fn fails(seq: u64) -> bool {
-    seq % FAIL_EVERY == 0
+    seq.is_multiple_of(FAIL_EVERY)
 }
 
 /// One run of scenario 6 on AceMQ: `n` messages, the failing tenth failing once when
