@@ -320,6 +320,7 @@ impl Engine {
         // Publishes from here on are answered Error::Closed (kind Closed: closed by its
         // owner), not a transient transport error; permits already held are unaffected.
         self.window.close();
+        self.moves.close();
         self.transport.close().await?;
         Ok(())
     }
