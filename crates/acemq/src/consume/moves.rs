@@ -10,6 +10,9 @@
 //! (declared by this connection with `acemq.dlx` → `{q}.dlq`) and `{q}.dlq` exists, the
 //! original is rejected without requeue so the broker moves it to `{q}.dlq` itself (its
 //! `x-death` says why); otherwise it is held, unacked and not run again, and reported.
+//! (RabbitMQ adds `x-death` without checking the frame size: a message whose headers were
+//! already near `frame_max` can then be too large for a client to fetch from `{q}.dlq`;
+//! count it with a passive declare, move it with a client whose `frame_max` is larger.)
 //!
 //! A delivery that waits (a retry wait in the consumer, the no-policy wait, the in-progress
 //! wait, a move being retried) does so in a task of its own: it keeps its place in the
