@@ -316,16 +316,25 @@ impl Settler {
             } else {
                 tracing::warn!(queue = %self.queue, target, failure = %failure.what, retry_in = ?pause, "move not confirmed and routed; keeping the decision and trying the move again");
             }
-            tokio::select! {
-                biased;
-                _ = self.closing.cancelled() => {
-                    return Some(self.send(d, REQUEUE, Counter::RequeuedOnClose).await);
+            // The pause, looking at the channel every SET_ASIDE_PAUSE: once it is lost the
+            // broker has the message back, and the run loop must not wait on this move.
+            let until = tokio::time::Instant::now() + pause;
+            loop {
+                if !d.acker.is_live() {
+                    tracing::debug!(queue = %self.queue, "the channel of a delivery whose move was failing closed; the broker redelivers it");
+                    return Some(Counter::SettleFailed);
                 }
-                _ = tokio::time::sleep(pause) => {}
-            }
-            if !d.acker.is_live() {
-                tracing::debug!(queue = %self.queue, "the channel of a delivery whose move was failing closed; the broker redelivers it");
-                return Some(Counter::SettleFailed);
+                let now = tokio::time::Instant::now();
+                if now >= until {
+                    break;
+                }
+                tokio::select! {
+                    biased;
+                    _ = self.closing.cancelled() => {
+                        return Some(self.send(d, REQUEUE, Counter::RequeuedOnClose).await);
+                    }
+                    _ = tokio::time::sleep_until(until.min(now + SET_ASIDE_PAUSE)) => {}
+                }
             }
             pause = (pause * 2).min(MOVE_RETRY_MAX);
             match self.try_move(d, copy.clone(), counter, seen).await {
