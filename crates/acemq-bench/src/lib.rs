@@ -23,6 +23,9 @@ use lapin::{BasicProperties, Channel, Confirmation, ConnectionProperties};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
+mod wait;
+pub use wait::{FAIL_EVERY, FAILURE_WAIT, WAIT_PREFETCH, WORK, acemq_waits};
+
 /// The error type of the benchmark.
 pub type BoxError = Box<dyn StdError + Send + Sync>;
 /// The result type of the benchmark.
@@ -203,16 +206,20 @@ pub enum Scenario {
     Retry,
     /// 5: memory:// publish + consume (AceMQ only).
     Memory,
+    /// 6: concurrency 1, 10% fail once with a 2 s consumer wait; the others' rate against
+    /// a run without failures (AceMQ only).
+    Waits,
 }
 
 impl Scenario {
     /// Every scenario, in table order.
-    pub const ALL: [Scenario; 5] = [
+    pub const ALL: [Scenario; 6] = [
         Scenario::ConfirmEach,
         Scenario::Pipelined,
         Scenario::Consume,
         Scenario::Retry,
         Scenario::Memory,
+        Scenario::Waits,
     ];
 
     /// The table label.
@@ -223,12 +230,14 @@ impl Scenario {
             Scenario::Consume => "3 consume, ack each",
             Scenario::Retry => "4 fail once, retry 1 ms",
             Scenario::Memory => "5 memory:// pub+consume",
+            Scenario::Waits => "6 10% wait 2 s, conc. 1",
         }
     }
 
-    /// Whether the scenario has a raw lapin counterpart (all but `memory://`).
+    /// Whether the scenario has a raw lapin counterpart (all but `memory://` and the
+    /// waits, which compare AceMQ with itself).
     pub fn has_raw(self) -> bool {
-        self != Scenario::Memory
+        !matches!(self, Scenario::Memory | Scenario::Waits)
     }
 
     /// What the latency columns measure.
@@ -395,6 +404,7 @@ impl Broker {
             (Scenario::Memory, _) => {
                 Err("memory:// runs without a broker: use memory_publish_consume".into())
             }
+            (Scenario::Waits, _) => Err("the waits scenario runs through Broker::run_waits".into()),
         }
     }
 }

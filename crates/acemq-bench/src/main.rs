@@ -61,6 +61,7 @@ impl Args {
             Scenario::Pipelined | Scenario::Consume => 10_000,
             Scenario::Retry => 300,
             Scenario::Memory => 200_000,
+            Scenario::Waits => 600,
         };
         if self.quick { full / 50 } else { full }
     }
@@ -139,15 +140,26 @@ async fn bench(mut args: Args) -> Result<()> {
     } else {
         args.scenarios.clone()
     };
-    let needs_broker = scenarios.iter().any(|s| s.has_raw()) && !args.queues.is_empty();
+    let needs_broker = scenarios
+        .iter()
+        .any(|s| s.has_raw() || *s == Scenario::Waits)
+        && !args.queues.is_empty();
     let broker = if needs_broker {
         Some(Broker::connect(&args.url).await?)
     } else {
         None
     };
     let mut rows = Vec::new();
+    let mut waits = Vec::new();
     for &scenario in &scenarios {
         let n = args.count(scenario);
+        if scenario == Scenario::Waits {
+            let Some(broker) = &broker else { continue };
+            for &kind in &args.queues {
+                waits.push(run_waits(broker, kind, n, &args, rounds).await?);
+            }
+            continue;
+        }
         if !scenario.has_raw() {
             let mut samples = Vec::new();
             for _ in 0..rounds {
@@ -266,9 +278,70 @@ async fn bench(mut args: Args) -> Result<()> {
             format!("{raw_cpu} / {:.1}", r.acemq.cpu_us),
         );
     }
+    for w in &waits {
+        println!(
+            "\n6 waits release the handler slot ({} queue, {} msgs, concurrency 1, 1 in {} fails once and waits {} s in the consumer): the others at {:.0} msg/s against {:.0} msg/s without failures = {:.2} (target >= 0.80)",
+            w.queue,
+            w.messages,
+            acemq_bench::FAIL_EVERY,
+            acemq_bench::FAILURE_WAIT.as_secs(),
+            w.failing.rate,
+            w.baseline.rate,
+            w.failing.rate / w.baseline.rate
+        );
+    }
     match peak_rss_kib() {
         Some(kib) => println!("\npeak RSS (VmHWM): {:.1} MiB", kib as f64 / 1024.0),
         None => println!("\npeak RSS: unavailable (no /proc/self/status)"),
     }
     Ok(())
+}
+
+/// Scenario 6's medians on one queue type.
+struct Waits {
+    queue: &'static str,
+    messages: u64,
+    baseline: Summary,
+    failing: Summary,
+}
+
+/// Scenario 6: per round, a run without failures and one with them (alternating order).
+async fn run_waits(
+    broker: &Broker,
+    kind: QueueKind,
+    n: u64,
+    args: &Args,
+    rounds: usize,
+) -> Result<Waits> {
+    let (mut baseline, mut failing) = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        let order = if round % 2 == 0 {
+            [false, true]
+        } else {
+            [true, false]
+        };
+        for with_failures in order {
+            let s = broker.run_waits(kind, n, args.size, with_failures).await?;
+            if args.verbose {
+                eprintln!(
+                    "  {:<26} {:<7} failures {with_failures}: others at {:.0} msg/s",
+                    Scenario::Waits.label(),
+                    kind.name(),
+                    s.rate()
+                );
+            }
+            if with_failures {
+                failing.push(s);
+            } else {
+                baseline.push(s);
+            }
+        }
+    }
+    eprintln!("{:<28} {:<8} done", Scenario::Waits.label(), kind.name());
+    Ok(Waits {
+        queue: kind.name(),
+        messages: n,
+        baseline: summarize(&baseline),
+        failing: summarize(&failing),
+    })
 }

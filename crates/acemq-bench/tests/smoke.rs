@@ -48,6 +48,24 @@ async fn broker_scenarios_run_on_both_sides() {
     broker.close().await.expect("close");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_waits_scenario_runs() {
+    let Some(url) = broker_url() else {
+        eprintln!("ACEMQ_TEST_AMQP_URL not set: the waits scenario skipped");
+        return;
+    };
+    let broker = Broker::connect(&url).await.expect("connect");
+    for with_failures in [false, true] {
+        let s = broker
+            .run_waits(QueueKind::Classic, 20, 256, with_failures)
+            .await
+            .unwrap_or_else(|e| panic!("waits, failures {with_failures}: {e}"));
+        assert_eq!(s.messages, 18, "the others: 20 less every tenth");
+        assert!(s.rate() > 0.0);
+    }
+    broker.close().await.expect("close");
+}
+
 #[test]
 fn percentiles_use_nearest_rank() {
     use std::time::Duration;

@@ -8,39 +8,80 @@
 //! - the **confirm window**: a semaphore of publishes awaiting their confirm (default 1000
 //!   per connection), so memory stays flat under load;
 //! - **`publish_on_behalf`**, the one path every move the engine makes (retry hop, dead
-//!   letter, park, replay) goes through: mandatory, confirmed, never refused by a pause;
-//! - the copies those moves publish ([`copy_as_delivered`], [`Engine::copy_with`]);
-//! - declaring a topology, and a consumer's share of one (one loop for both);
+//!   letter, park, replay) goes through: mandatory, confirmed, never refused by a pause,
+//!   with a confirm window of its own ([`MOVE_WINDOW`]) so a full application window never
+//!   holds a move up;
+//! - the copies those moves publish ([`copy_as_delivered`], [`Engine::copy_with`]) and
+//!   their sizing against the negotiated `frame_max` ([`Engine::fit`]): the reason is cut
+//!   first, and a copy the delivered headers alone make too large is refused before it is
+//!   sent (one bad message never closes a connection);
+//! - declaring a topology, and a consumer's share of one (one loop for both), remembering
+//!   which source queues carry the dead-letter arguments (`acemq.dlx` → `{q}.dlq`), so a
+//!   consumer knows whether a reject without requeue moves a message to `{q}.dlq`;
 //! - the pause flag for publishing, the consumers' [`Lifecycle`], the interceptors and the
 //!   health registry, with the connection's health report built from them.
 //!
 //! Nothing here knows the façade: `connection.rs` sits on top and delegates down.
 
-use std::sync::Arc;
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::envelope::{Envelope, origin_for};
+use crate::envelope::{self, Envelope, origin_for};
 use crate::error::Error;
+use crate::headers::HeaderValue;
 use crate::health::{
     Health, HealthContributor, HealthRegistry, HealthReport, HealthStatus, connection_report,
 };
 use crate::intercept::Interceptors;
 use crate::lifecycle::{ABANDON_AFTER, Lifecycle};
 use crate::retry::RetryPolicy;
-use crate::topology::Topology;
-use crate::transport::{Confirmation, Delivery, Outbound, Transport, TransportError};
+use crate::topology::{DEAD_LETTER_EXCHANGE, Topology, dead_letter_queue};
+use crate::transport::{
+    Confirmation, Delivery, HEADER_MARGIN, Outbound, Transport, TransportError, header_frame_size,
+};
+use crate::util::lock;
 
 /// The health component listing this connection's consumers.
 pub const CONSUMERS: &str = "consumers";
+
+/// Confirms the engine's own moves (retry hops, dead letters, parks, in-progress copies,
+/// replays) may await at once, apart from the application's window: a move never waits
+/// behind application publishes.
+pub const MOVE_WINDOW: usize = 64;
+
+/// A copy that cannot be sent: its content header would be over the connection's
+/// `frame_max` even with the reason cut.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TooLarge {
+    /// The header frame's size with the reason cut away.
+    pub(crate) header: usize,
+    /// The negotiated `frame_max`.
+    pub(crate) frame_max: u32,
+}
+
+impl std::fmt::Display for TooLarge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "its headers need a {}-byte header frame, over the connection's frame_max of {} (less {HEADER_MARGIN} bytes kept free)",
+            self.header, self.frame_max
+        )
+    }
+}
 
 /// State shared by everything a connection hands out, and what they all build on.
 pub(crate) struct Engine {
     pub(crate) transport: Arc<dyn Transport>,
     pub(crate) origin: String,
     window: Arc<Semaphore>,
+    /// The engine's own confirm window ([`MOVE_WINDOW`]).
+    moves: Arc<Semaphore>,
+    /// Source queues this engine declared with the dead-letter arguments.
+    dead_lettered: Mutex<HashSet<String>>,
     publishing_paused: AtomicBool,
     pub(crate) lifecycle: Lifecycle,
     pub(crate) interceptors: Interceptors,
@@ -68,6 +109,8 @@ impl Engine {
             transport,
             origin: origin_for(client_name),
             window: Arc::new(Semaphore::new(max_outstanding_confirms)),
+            moves: Arc::new(Semaphore::new(MOVE_WINDOW)),
+            dead_lettered: Mutex::new(HashSet::new()),
             publishing_paused: AtomicBool::new(false),
             lifecycle: Lifecycle::default(),
             interceptors: Interceptors::default(),
@@ -104,16 +147,18 @@ impl Engine {
     // --- Moves made on a caller's behalf ------------------------------------------------
 
     /// Publishes a message the engine moves on a caller's behalf (retry hop, dead letter,
-    /// park, replay): always mandatory and confirmed, never refused by a publishing pause.
-    /// Returns the broker's confirmation so the caller can ack the original only when the
-    /// copy was confirmed *and routed*.
+    /// park, replay): always mandatory and confirmed, never refused by a publishing pause,
+    /// in the engine's own confirm window ([`MOVE_WINDOW`]), so application publishes that
+    /// fill theirs never hold it up. Returns the broker's confirmation so the caller can ack
+    /// the original only when the copy was confirmed *and routed*. The caller sizes the
+    /// copy first ([`Engine::fit`]).
     pub(crate) async fn publish_on_behalf(
         &self,
         mut outbound: Outbound,
     ) -> Result<Confirmation, TransportError> {
         outbound.mandatory = true;
         let _permit =
-            self.window
+            self.moves
                 .clone()
                 .acquire_owned()
                 .await
@@ -121,6 +166,14 @@ impl Engine {
                     detail: "connection closed".into(),
                 })?;
         self.transport.publish(outbound).await?.await
+    }
+
+    /// Sizes a copy against the connection's `frame_max` (less [`HEADER_MARGIN`]): when
+    /// its content header is too large, the reason (`x-acemq-error`) is cut to fit (with a
+    /// marker); when the other headers alone leave no room, [`TooLarge`] (the copy cannot
+    /// be sent at all; the reason header is then removed).
+    pub(crate) fn fit(&self, copy: &mut Outbound) -> Result<(), TooLarge> {
+        fit_to(copy, self.transport.frame_max())
     }
 
     /// A copy of `d` for `target` through the default exchange: everything as delivered,
@@ -137,7 +190,24 @@ impl Engine {
 
     /// Declares every exchange, queue and binding of a topology, in that order.
     pub(crate) async fn declare(&self, topology: &Topology) -> Result<(), Error> {
-        self.declare_items(topology, |_, e| e.into()).await
+        self.declare_items(topology, |_, e| e.into()).await?;
+        let mut known = lock(&self.dead_lettered);
+        for q in topology.queues() {
+            let arg = |k: &str| q.arguments.get(k).and_then(HeaderValue::as_str);
+            if arg("x-dead-letter-exchange") == Some(DEAD_LETTER_EXCHANGE)
+                && arg("x-dead-letter-routing-key") == Some(&dead_letter_queue(&q.name))
+            {
+                known.insert(q.name.clone());
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether this engine declared `queue` with the dead-letter arguments (`acemq.dlx`,
+    /// `{q}.dlq`): a reject without requeue then makes the broker move a message to
+    /// `{q}.dlq` itself.
+    pub(crate) fn dead_letters_natively(&self, queue: &str) -> bool {
+        lock(&self.dead_lettered).contains(queue)
     }
 
     /// Declares what a consumer of `queue` needs (`acemq.dlx`, `{q}.dlq`, `{q}.parked`, the
@@ -250,6 +320,7 @@ impl Engine {
         // Publishes from here on are answered Error::Closed (kind Closed: closed by its
         // owner), not a transient transport error; permits already held are unaffected.
         self.window.close();
+        self.moves.close();
         self.transport.close().await?;
         Ok(())
     }
@@ -264,5 +335,98 @@ pub(crate) fn copy_as_delivered(d: &Delivery, target: &str) -> Outbound {
         mandatory: true,
         properties: d.properties.clone(),
         body: d.body.clone(),
+    }
+}
+
+/// [`Engine::fit`] against a given `frame_max`.
+pub(crate) fn fit_to(copy: &mut Outbound, frame_max: u32) -> Result<(), TooLarge> {
+    const MARKER: &str = "... [truncated]";
+    let limit = (frame_max as usize).saturating_sub(HEADER_MARGIN);
+    let size = header_frame_size(&copy.properties);
+    if size <= limit {
+        return Ok(());
+    }
+    let headers = &mut copy.properties.headers;
+    let reason = match headers.remove(envelope::ERROR) {
+        Some(HeaderValue::Str(r)) => r,
+        other => {
+            // No reason to cut (or not a string): what is left is the headers as delivered.
+            if let Some(v) = other {
+                headers.insert(envelope::ERROR.into(), v);
+            }
+            return Err(TooLarge {
+                header: size,
+                frame_max,
+            });
+        }
+    };
+    // Without the reason: the entry (key, type, length) and its text are what can be cut.
+    let without = header_frame_size(&copy.properties);
+    let entry = 1 + envelope::ERROR.len() + 1 + 4;
+    let room = limit.saturating_sub(without + entry);
+    if without + entry > limit || room < MARKER.len() + 16 {
+        return Err(TooLarge {
+            header: without,
+            frame_max,
+        });
+    }
+    let mut end = room.min(reason.len()).saturating_sub(MARKER.len());
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    let cut = format!("{}{MARKER}", &reason[..end]);
+    copy.properties
+        .headers
+        .insert(envelope::ERROR.into(), HeaderValue::Str(cut));
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::Properties;
+
+    fn copy_with_headers(filler: usize, reason: &str) -> Outbound {
+        let mut p = Properties::default();
+        p.headers
+            .insert("filler".into(), HeaderValue::Str("f".repeat(filler)));
+        p.headers
+            .insert(envelope::ERROR.into(), HeaderValue::Str(reason.into()));
+        Outbound::new("", "q.dlq", p, "body")
+    }
+
+    #[test]
+    fn a_copy_that_fits_is_left_alone() {
+        let mut c = copy_with_headers(100, "why");
+        let before = c.properties.clone();
+        assert_eq!(fit_to(&mut c, 131_072), Ok(()));
+        assert_eq!(c.properties, before);
+    }
+
+    #[test]
+    fn the_reason_is_cut_first_to_fit() {
+        let mut c = copy_with_headers(130_000, &"r".repeat(4096));
+        assert_eq!(fit_to(&mut c, 131_072), Ok(()));
+        let size = header_frame_size(&c.properties);
+        assert!(size <= 131_072 - HEADER_MARGIN, "{size}");
+        let reason = c.properties.headers[envelope::ERROR].as_str().unwrap();
+        assert!(
+            reason.ends_with("... [truncated]") && reason.starts_with('r'),
+            "{reason}"
+        );
+    }
+
+    #[test]
+    fn headers_that_leave_no_room_are_too_large() {
+        let mut c = copy_with_headers(131_000, "why");
+        let e = fit_to(&mut c, 131_072).unwrap_err();
+        assert!(e.header > 131_000 && e.frame_max == 131_072, "{e:?}");
+        assert!(e.to_string().contains("frame_max of 131072"), "{e}");
+        let mut c = copy_with_headers(200, "why");
+        c.properties.headers.remove(envelope::ERROR);
+        c.properties
+            .headers
+            .insert("big".into(), HeaderValue::Bytes(vec![0; 140_000]));
+        assert!(fit_to(&mut c, 131_072).is_err());
     }
 }

@@ -120,7 +120,9 @@ impl Replay {
     ///
     /// A pass stops at the first copy that does not land, leaving that message where it was:
     /// [`Error::Unroutable`] when the destination routed it nowhere (e.g. the queue was deleted
-    /// mid-pass), [`Error::Nacked`] when the broker refused it, a transport error otherwise.
+    /// mid-pass), [`Error::Nacked`] when the broker refused it, [`Error::InvalidArgument`]
+    /// when its headers alone are too large for the connection's `frame_max` (the reason
+    /// is cut to fit first), a transport error otherwise.
     pub async fn replay_matching<F>(&self, max: usize, mut filter: F) -> Result<ReplayReport, Error>
     where
         F: FnMut(&DeadLetter<'_>) -> bool,
@@ -172,7 +174,17 @@ impl Replay {
         if !self.keep_attempts {
             envelope = envelope.with_attempt(1);
         }
-        let copy = self.engine.copy_with(d, &self.to, &envelope);
+        let mut copy = self.engine.copy_with(d, &self.to, &envelope);
+        // Sized before it is sent: the reason is cut to fit; a copy the headers alone make
+        // too large would close the connection, so it is refused and stays where it was.
+        if let Err(too_large) = self.engine.fit(&mut copy) {
+            return Err(Error::InvalidArgument(format!(
+                "message {} cannot be replayed to {}: {too_large}; it stays in {}",
+                envelope.id(),
+                self.to,
+                self.from
+            )));
+        }
         match self.engine.publish_on_behalf(copy).await? {
             Confirmation::Routed => {
                 d.acker.settle(Settlement::Ack { multiple: false }).await?;

@@ -7,13 +7,20 @@
 //! decide → settle → release): a body that does not decode is parked, a handler panic is a
 //! failure like any error. The settlement rules are pure functions in `decide`
 //! ([`Decision`], [`decide_failure`], [`bounded`]); carrying a decision out (copies,
-//! acks, the rung-missing fallback) is `settle`'s job; what happened is counted once, in
-//! `stats` ([`ConsumerStats`]).
+//! acks, the rung-missing fallback) is `settle`'s job; waits and moves that did not land
+//! go on outside the handler slot in `moves` ([`MoveStatus`]); what happened is counted
+//! once, in `stats` ([`ConsumerStats`]).
+//!
+//! A decision is made once: while moves are failing and publishing is impossible
+//! (connection down, recovering or blocked), the run loop takes no new delivery (it
+//! says why in [`MoveStatus::waiting_for_publish`]) instead of running handlers whose
+//! outcome cannot be carried out.
 
 mod decide;
 mod handle;
 pub(crate) mod handler;
 mod message;
+mod moves;
 mod options;
 mod resubscribe;
 mod settle;
@@ -34,8 +41,8 @@ pub use decide::{
 };
 pub use handler::HandlerError;
 pub use message::Message;
+pub use moves::{MOVE_RETRY_MAX, MoveStatus, SET_ASIDE_PAUSE};
 pub use options::{ConsumerOptions, DEFAULT_IN_PROGRESS_DELAY, DEFAULT_PREFETCH};
-pub use settle::SET_ASIDE_PAUSE;
 pub use stats::ConsumerStats;
 
 use crate::codec::Decoder;
@@ -44,6 +51,7 @@ use crate::error::Error;
 use crate::lifecycle::ConsumerControl;
 use crate::transport::{ConsumeSpec, Subscription, Transport};
 use handle::{Ctx, handle};
+use moves::{MoveState, publishing_impossible};
 use resubscribe::resubscribe;
 use settle::{AckRun, Settler};
 use stats::Stats;
@@ -55,6 +63,7 @@ pub struct Consumer {
     queue: Arc<str>,
     stats: Arc<Stats>,
     in_flight: Arc<AtomicUsize>,
+    moves: Arc<MoveState>,
     control: Arc<ConsumerControl>,
 }
 
@@ -67,9 +76,28 @@ impl Consumer {
     pub fn stats(&self) -> ConsumerStats {
         self.stats.snapshot()
     }
-    /// Handlers running right now.
+    /// Deliveries being handled right now: running handlers, and deliveries waiting in
+    /// the consumer (a retry or in-progress wait, a move tried again), which hold no
+    /// handler slot.
     pub fn in_flight(&self) -> usize {
         self.in_flight.load(Ordering::SeqCst)
+    }
+    /// What deliveries outside their handlers are doing: waiting, moves failing, held
+    /// because their copy can never be sent, and whether the consumer stopped taking
+    /// deliveries because publishing is impossible.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), acemq::Error> {
+    /// use acemq::consume::{ConsumerOptions, Message};
+    /// let mq = acemq::Connection::connect("memory://doc-moves").await?;
+    /// mq.transport().declare_queue(&acemq::topology::QueueDecl::classic("q")).await?;
+    /// let c = mq.consume("q", ConsumerOptions::default(), |_: Message<String>| async { Ok(()) }).await?;
+    /// assert_eq!(c.moves().moves_failing, 0);
+    /// assert!(c.moves().waiting_for_publish.is_none());
+    /// # Ok(()) }
+    /// ```
+    pub fn moves(&self) -> MoveStatus {
+        self.moves.snapshot()
     }
     /// Stops taking deliveries, lets running handlers finish (a handler sitting out an
     /// in-consumer retry wait is cut short and its message requeued, attempt unchanged),
@@ -132,6 +160,7 @@ where
             queue.clone(),
             stats.clone(),
             closing.clone(),
+            in_flight.clone(),
         ),
         decoder: Arc::new(decoder),
         handler,
@@ -139,6 +168,7 @@ where
         idempotency: options.idempotency.clone(),
         in_flight: in_flight.clone(),
     });
+    let moves = ctx.settler.moves.clone();
     let (done_tx, done) = watch::channel(false);
     let control = Arc::new(ConsumerControl {
         queue: queue.clone(),
@@ -164,6 +194,7 @@ where
         queue,
         stats,
         in_flight,
+        moves,
         control,
     })
 }
@@ -209,6 +240,9 @@ async fn run<T, F, Fut>(
             _ = stop.cancelled() => break,
             p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
         };
+        if !publishing_possible(&ctx.settler, &source, &stop, &mut acks).await {
+            break;
+        }
         let buffered = if acks.len() == 0 {
             None
         } else {
@@ -289,5 +323,53 @@ async fn run<T, F, Fut>(
     let _ = subscription.cancel().await;
     handlers.close();
     handlers.wait().await;
+    // Waiting deliveries: closing cut their waits short and handed them back; a stop
+    // without closing (the connection's drain) lets them finish.
+    ctx.settler.waits.close();
+    ctx.settler.waits.wait().await;
     let _ = subscription.close().await;
+}
+
+/// How often the run loop looks again while it waits for publishing to be possible.
+const PUBLISH_POLL: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Before taking the next delivery: while moves are failing and publishing is impossible,
+/// wait (held acks sent first), saying why in the consumer's [`MoveStatus`]. `false` when
+/// the consumer was stopped meanwhile.
+async fn publishing_possible(
+    settler: &Settler,
+    source: &Source,
+    stop: &CancellationToken,
+    acks: &mut AckRun,
+) -> bool {
+    let failing = || settler.moves.moves_failing.load(Ordering::SeqCst) > 0;
+    let mut announced = false;
+    loop {
+        let why = if failing() {
+            publishing_impossible(&*source.transport)
+        } else {
+            None
+        };
+        let Some(why) = why else {
+            if announced {
+                tracing::info!(queue = %settler.queue, "publishing is possible again; taking deliveries");
+                settler.moves.set_waiting_for_publish(None);
+            }
+            return true;
+        };
+        if !announced {
+            announced = true;
+            settler.flush(acks).await;
+            tracing::warn!(queue = %settler.queue, reason = %why, "moves are failing and publishing is impossible; taking no new deliveries until it is");
+        }
+        settler.moves.set_waiting_for_publish(Some(why));
+        tokio::select! {
+            biased;
+            _ = stop.cancelled() => {
+                settler.moves.set_waiting_for_publish(None);
+                return false;
+            }
+            _ = tokio::time::sleep(PUBLISH_POLL) => {}
+        }
+    }
 }

@@ -4,19 +4,24 @@
 //! Every move (retry hop, dead letter, park, in-progress republish) is a mandatory,
 //! confirmed publish through the default exchange of a copy that keeps the body,
 //! `message_id`, content type, reply-to and every incoming header, with the envelope fields
-//! rewritten; the original is acked only after the copy is confirmed *and routed*,
-//! otherwise it is handed back with requeue after a short pause and `set_aside_failed` is
-//! counted. Nothing is ever acked into nothing, and a failed move never closes the
-//! consumer's channel. A broker wait whose rung queue is missing is counted as
-//! `rung_missing` and waited in the consumer instead. A consumer running one handler at a
-//! time sends consecutive acks as one `multiple` ack ([`AckRun`]).
+//! rewritten, sized against the connection's `frame_max` first (the reason is cut to fit);
+//! the original is acked only after the copy is confirmed *and routed*. A move that does
+//! not land keeps its decision and is tried again with backoff, and every wait in the
+//! consumer runs outside the handler slot (both in `consume::moves`); `set_aside_failed`
+//! counts each try that failed. Nothing is ever acked into nothing, and a failed move
+//! never closes the consumer's channel. A broker wait whose rung queue is missing is
+//! counted as `rung_missing` and waited in the consumer instead. A consumer running one
+//! handler at a time sends consecutive acks as one `multiple` ack ([`AckRun`]).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use super::decide::{DeadLetterKind, Decision};
+use super::moves::{Failure, Later, MoveState, classify};
 use super::stats::{ConsumerMetrics, Counter, Observed, Stats};
 use crate::engine::{Engine, copy_as_delivered};
 use crate::envelope::{self, Envelope};
@@ -25,16 +30,15 @@ use crate::observe::metrics::{ConsumeMetrics, ConsumeOutcome};
 use crate::observe::trace;
 use crate::retry::Wait;
 use crate::topology::{dead_letter_queue, parked_queue, retry_queue};
-use crate::transport::{Confirmation, Delivery, Outbound, Settlement, TransportError};
-
-/// How long a delivery whose move failed is held before it is requeued.
-pub const SET_ASIDE_PAUSE: Duration = Duration::from_millis(250);
+use crate::transport::{Confirmation, Delivery, Outbound, Settlement};
 
 /// Acks held back so that a contiguous run of deliveries whose handlers have finished with
 /// an ack is settled by one `multiple` ack. Used only by a consumer that runs one handler at
 /// a time, so every delivery of its channel up to the run's last tag is either settled
 /// already or in the run: a `multiple` ack of the last one acks exactly the run. Any other
-/// settlement sends the run first, so a nack, requeue or move ends it.
+/// settlement sends the run first, so a nack, requeue or move ends it; and while any
+/// delivery is out of the handler path (waiting, or retrying a move; it stays unacked),
+/// acks are sent one by one, so a `multiple` ack never covers it.
 #[derive(Debug, Default)]
 pub(crate) struct AckRun {
     /// The run's highest delivery (its acker sends the `multiple` ack).
@@ -50,16 +54,23 @@ impl AckRun {
     }
 }
 
-/// Carries decisions out for one consumer.
-#[derive(Debug)]
+/// Carries decisions out for one consumer (cheap to clone: everything is shared).
+#[derive(Debug, Clone)]
 pub(crate) struct Settler {
     pub(crate) engine: Arc<Engine>,
     pub(crate) queue: Arc<str>,
-    stats: Arc<Stats>,
+    pub(crate) stats: Arc<Stats>,
     /// Cancelled when the consumer closes: an in-consumer wait ends and the message is
     /// requeued with its attempt unchanged.
     pub(crate) closing: CancellationToken,
-    pub(crate) metrics: ConsumerMetrics,
+    pub(crate) metrics: Arc<ConsumerMetrics>,
+    /// Deliveries outside their handlers (waits, failing moves), for health and the run
+    /// loop.
+    pub(crate) moves: Arc<MoveState>,
+    /// The tasks those deliveries wait in (closed and awaited when the consumer stops).
+    pub(crate) waits: TaskTracker,
+    /// The consumer's count of deliveries in flight (a waiting one stays counted).
+    pub(crate) in_flight: Arc<AtomicUsize>,
 }
 
 impl Settler {
@@ -69,18 +80,24 @@ impl Settler {
         queue: Arc<str>,
         stats: Arc<Stats>,
         closing: CancellationToken,
+        in_flight: Arc<AtomicUsize>,
     ) -> Settler {
         Settler {
             engine,
-            metrics: ConsumerMetrics::new(queue.clone()),
+            metrics: Arc::new(ConsumerMetrics::new(queue.clone())),
             queue,
             stats,
             closing,
+            moves: Arc::default(),
+            waits: TaskTracker::new(),
+            in_flight,
         }
     }
 
     /// Settles one delivery according to `decision`, and records what happened — in the
     /// consumer's counters, the family's metrics and the processing span — in one place.
+    /// A decision that waits, or a move that did not land at once, goes on in a task of
+    /// its own (`consume::moves`) and is recorded there when it ends.
     pub(crate) async fn settle(
         &self,
         d: Delivery,
@@ -88,17 +105,20 @@ impl Settler {
         decision: Decision,
         seen: &Observed,
     ) {
-        let counter = match decision {
-            Decision::Ack => self.send(&d, ACK, Counter::Acked).await,
-            Decision::Release => self.send(&d, REQUEUE, Counter::Released).await,
-            Decision::Duplicate => self.send(&d, ACK, Counter::Duplicate).await,
+        let now = |counter| Step::Done(Some(counter));
+        let step = match decision {
+            Decision::Ack => now(self.send(&d, ACK, Counter::Acked).await),
+            Decision::Release => now(self.send(&d, REQUEUE, Counter::Released).await),
+            Decision::Duplicate => now(self.send(&d, ACK, Counter::Duplicate).await),
             Decision::InProgress(delay) => {
-                if !self.wait(delay).await {
-                    self.send(&d, REQUEUE, Counter::RequeuedOnClose).await
-                } else {
-                    let copy = self.engine.copy_with(&d, &self.queue, envelope);
-                    self.move_then_ack(&d, copy, Counter::InProgress).await
-                }
+                let copy = self.engine.copy_with(&d, &self.queue, envelope);
+                Step::Later(Box::new(Later {
+                    d,
+                    wait: Some(delay),
+                    copy,
+                    counter: Counter::InProgress,
+                    failed: None,
+                }))
             }
             Decision::Park { reason } => {
                 let mut copy = copy_as_delivered(&d, &parked_queue(&self.queue));
@@ -106,7 +126,7 @@ impl Settler {
                     .headers
                     .insert(envelope::ERROR.into(), HeaderValue::Str(reason));
                 copy.properties.expiration = None;
-                self.move_then_ack(&d, copy, Counter::Parked).await
+                self.move_now(d, copy, Counter::Parked, seen).await
             }
             Decision::DeadLetter { reason, kind } => {
                 let target = dead_letter_queue(&self.queue);
@@ -117,21 +137,25 @@ impl Settler {
                     DeadLetterKind::Unprocessable => Counter::Rejected,
                     DeadLetterKind::Exhausted | DeadLetterKind::Requested => Counter::DeadLettered,
                 };
-                self.move_then_ack(&d, copy, counter).await
+                self.move_now(d, copy, counter, seen).await
             }
-            Decision::Retry(wait) => self.retry(&d, envelope, wait).await,
+            Decision::Retry(wait) => self.retry(d, envelope, wait).await,
         };
-        self.record(
-            counter,
-            &seen.series,
-            seen.started.elapsed(),
-            Some(&seen.span),
-        );
+        match step {
+            Step::Done(Some(counter)) => self.record(
+                counter,
+                &seen.series,
+                seen.started.elapsed(),
+                Some(&seen.span),
+            ),
+            Step::Done(None) => {}
+            Step::Later(job) => self.spawn_later(*job, seen),
+        }
     }
 
     /// Counts one settled delivery and, when its counter is a consume outcome, records it
     /// in the delivery's metric series and processing span (the counter table says which).
-    fn record(
+    pub(super) fn record(
         &self,
         counter: Counter,
         series: &ConsumeMetrics,
@@ -157,7 +181,9 @@ impl Settler {
         seen: &Observed,
         run: &mut AckRun,
     ) {
-        if decision != Decision::Ack {
+        if decision != Decision::Ack || self.moves.waiting.load(Ordering::SeqCst) > 0 {
+            // Not an ack, or a delivery is out waiting (unacked, with a lower tag): send the
+            // run, then this one on its own.
             self.flush(run).await;
             return self.settle(d, envelope, decision, seen).await;
         }
@@ -208,38 +234,81 @@ impl Settler {
         self.stats.add(counter);
     }
 
-    async fn retry(&self, d: &Delivery, envelope: &Envelope, wait: Wait) -> Counter {
+    /// A retry: the hop to the rung now for a broker wait, else (or when the rung is
+    /// missing) the wait in the consumer, out of the handler slot, then the copy to `{q}`.
+    async fn retry(&self, d: Delivery, envelope: &Envelope, wait: Wait) -> Step {
         let next = envelope
             .clone()
             .with_attempt(envelope.attempt().saturating_add(1));
         if wait.in_broker {
             let rung = retry_queue(&self.queue, wait.delay);
-            let copy = self.engine.copy_with(d, &rung, &next);
-            match self.engine.publish_on_behalf(copy).await {
-                Ok(Confirmation::Routed) => return self.send(d, ACK, Counter::Retried).await,
-                Ok(Confirmation::Unroutable { .. }) => {
-                    // The rung does not exist: count it and wait here instead.
-                    self.stats.add(Counter::RungMissing);
-                    self.metrics.any().rung_missing(&rung);
-                    tracing::warn!(queue = %self.queue, rung = %rung, "retry rung missing; waiting in the consumer instead");
-                }
-                other => return self.set_aside_failed(d, &rung, other).await,
-            }
+            let mut copy = self.engine.copy_with(&d, &rung, &next);
+            let failure = match self.engine.fit(&mut copy) {
+                Err(too_large) => Failure {
+                    what: format!("the copy for {rung} cannot be sent: {too_large}"),
+                    permanent: true,
+                },
+                Ok(()) => match self.engine.publish_on_behalf(copy.clone()).await {
+                    Ok(Confirmation::Routed) => {
+                        return Step::Done(Some(self.send(&d, ACK, Counter::Retried).await));
+                    }
+                    Ok(Confirmation::Unroutable { .. }) => {
+                        // The rung does not exist: count it and wait here instead.
+                        self.stats.add(Counter::RungMissing);
+                        self.metrics.any().rung_missing(&rung);
+                        tracing::warn!(queue = %self.queue, rung = %rung, "retry rung missing; waiting in the consumer instead");
+                        return self.wait_then_retry(d, &next, wait);
+                    }
+                    other => classify(&rung, other),
+                },
+            };
+            // Too large, or not published: the hop is tried again with backoff.
+            return Step::Later(Box::new(Later {
+                d,
+                wait: None,
+                copy,
+                counter: Counter::Retried,
+                failed: Some(failure),
+            }));
         }
-        if !self.wait(wait.delay).await {
-            return self.send(d, REQUEUE, Counter::RequeuedOnClose).await;
-        }
-        self.move_then_ack(
+        self.wait_then_retry(d, &next, wait)
+    }
+
+    /// The wait in the consumer (out of the handler slot), then the copy to `{q}`.
+    fn wait_then_retry(&self, d: Delivery, next: &Envelope, wait: Wait) -> Step {
+        let copy = self.engine.copy_with(&d, &self.queue, next);
+        Step::Later(Box::new(Later {
             d,
-            self.engine.copy_with(d, &self.queue, &next),
-            Counter::Retried,
-        )
-        .await
+            wait: Some(wait.delay),
+            copy,
+            counter: Counter::Retried,
+            failed: None,
+        }))
+    }
+
+    /// Tries a move at once; if it does not land, it goes on out of the handler slot.
+    async fn move_now(
+        &self,
+        d: Delivery,
+        copy: Outbound,
+        counter: Counter,
+        seen: &Observed,
+    ) -> Step {
+        match self.try_move(&d, copy.clone(), counter, seen).await {
+            Ok(()) => Step::Done(None),
+            Err(failure) => Step::Later(Box::new(Later {
+                d,
+                wait: None,
+                copy,
+                counter,
+                failed: Some(failure),
+            })),
+        }
     }
 
     /// Waits in the consumer, holding the delivery; `false` when the consumer is closing
     /// (the message then goes back with its attempt unchanged).
-    async fn wait(&self, delay: Duration) -> bool {
+    pub(super) async fn wait(&self, delay: Duration) -> bool {
         tokio::select! {
             biased;
             _ = self.closing.cancelled() => false,
@@ -247,37 +316,9 @@ impl Settler {
         }
     }
 
-    /// Publishes the copy; acks the original only once the copy is confirmed and routed.
-    async fn move_then_ack(&self, d: &Delivery, copy: Outbound, counter: Counter) -> Counter {
-        let target = copy.routing_key.clone();
-        match self.engine.publish_on_behalf(copy).await {
-            Ok(Confirmation::Routed) => self.send(d, ACK, counter).await,
-            other => self.set_aside_failed(d, &target, other).await,
-        }
-    }
-
-    async fn set_aside_failed(
-        &self,
-        d: &Delivery,
-        target: &str,
-        result: Result<Confirmation, TransportError>,
-    ) -> Counter {
-        tracing::warn!(queue = %self.queue, target, ?result, "move not confirmed and routed; requeueing the original");
-        self.metrics.any().set_aside_failed(target);
-        // Hold it briefly so a missing target does not spin the message through the
-        // consumer as fast as the broker can redeliver it.
-        tokio::select! {
-            biased;
-            _ = self.closing.cancelled() => {}
-            _ = tokio::time::sleep(SET_ASIDE_PAUSE) => {}
-        }
-        self.send(d, REQUEUE, Counter::SetAsideFailed).await;
-        Counter::SetAsideFailed
-    }
-
     /// Sends a settlement: `counter` when it reached the broker, `SettleFailed` when it did
     /// not (the broker will redeliver).
-    async fn send(&self, d: &Delivery, s: Settlement, counter: Counter) -> Counter {
+    pub(super) async fn send(&self, d: &Delivery, s: Settlement, counter: Counter) -> Counter {
         match d.acker.settle(s).await {
             Ok(()) => counter,
             Err(e) => {
@@ -288,8 +329,16 @@ impl Settler {
     }
 }
 
-const ACK: Settlement = Settlement::Ack { multiple: false };
-const REQUEUE: Settlement = Settlement::Nack {
+/// What settling a delivery came to now.
+enum Step {
+    /// Settled: count this (`None`: counted already).
+    Done(Option<Counter>),
+    /// It goes on outside the handler slot.
+    Later(Box<Later>),
+}
+
+pub(super) const ACK: Settlement = Settlement::Ack { multiple: false };
+pub(super) const REQUEUE: Settlement = Settlement::Nack {
     multiple: false,
     requeue: true,
 };

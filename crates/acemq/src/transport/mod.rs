@@ -24,6 +24,7 @@ pub mod amqp;
 #[cfg(feature = "testing")]
 pub mod conformance;
 mod error;
+mod frame;
 pub mod memory;
 pub mod recovery;
 
@@ -36,6 +37,7 @@ use tokio::sync::{broadcast, watch};
 
 pub(crate) use self::error::check_short;
 pub use self::error::{Source, TransportError};
+pub use self::frame::{DEFAULT_FRAME_MAX, HEADER_MARGIN, header_frame_size};
 use crate::headers::Headers;
 use crate::topology::{BindingDecl, ExchangeDecl, QueueDecl};
 
@@ -350,6 +352,14 @@ pub trait Transport: Send + Sync + 'static {
     /// without anyone acting).
     fn recovering(&self) -> bool {
         false
+    }
+
+    /// The largest frame the publishing connection may send (negotiated with the broker;
+    /// [`DEFAULT_FRAME_MAX`] when nothing was negotiated). A publish whose content-header
+    /// frame ([`header_frame_size`]) is larger makes RabbitMQ close the connection, so the
+    /// engine sizes every copy it makes against this first.
+    fn frame_max(&self) -> u32 {
+        DEFAULT_FRAME_MAX
     }
 
     /// Closes the connection(s). Unsettled deliveries go back to their queues.

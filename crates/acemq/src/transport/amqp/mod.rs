@@ -552,6 +552,22 @@ impl Transport for AmqpTransport {
             && (self.inner.publisher.link().recovering() || self.inner.consume.recovering())
     }
 
+    /// The publishing connection's negotiated `frame_max` (0, "no limit", reads as
+    /// [`super::DEFAULT_FRAME_MAX`]).
+    fn frame_max(&self) -> u32 {
+        match self
+            .inner
+            .publisher
+            .link()
+            .current()
+            .configuration()
+            .frame_max()
+        {
+            0 => super::DEFAULT_FRAME_MAX,
+            n => n,
+        }
+    }
+
     fn close(&self) -> BoxFuture<'_, Result<(), TransportError>> {
         Box::pin(async move {
             let inner = &self.inner;

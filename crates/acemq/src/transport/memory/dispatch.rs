@@ -107,7 +107,8 @@ fn push_work(work: &mut Work, name: &Arc<str>) {
 }
 
 impl State {
-    /// basic.publish with confirms: refused while blocked, NotFound for a missing
+    /// basic.publish with confirms: refused while blocked or when its content-header frame
+    /// is over `frame_max` (131072; RabbitMQ would close the connection), NotFound for a missing
     /// exchange (at publish time), Unroutable for a mandatory publish that reached no
     /// queue, Routed otherwise (a non-mandatory publish that reached nothing is simply
     /// acked, as RabbitMQ acks it).
@@ -119,6 +120,17 @@ impl State {
         }
         check_short(&m.exchange)?;
         check_short(&m.routing_key)?;
+        let header = crate::transport::header_frame_size(&m.properties);
+        if header > crate::transport::DEFAULT_FRAME_MAX as usize {
+            // RabbitMQ closes the connection for this; here it is refused, nothing sent.
+            return Err(TransportError::Protocol {
+                code: 501,
+                detail: format!(
+                    "FRAME_ERROR - frame_too_large: a content header of {header} bytes exceeds frame_max {}",
+                    crate::transport::DEFAULT_FRAME_MAX
+                ),
+            });
+        }
         if m.properties.priority.is_some() {
             return Err(TransportError::Unsupported(
                 "the memory:// broker has no priority queues; publish without the priority property".into(),
