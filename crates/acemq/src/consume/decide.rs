@@ -4,6 +4,23 @@
 //! Nothing here is async or does I/O; the only thing drawn from outside is the jitter of a
 //! consumer wait, from a random number generator the caller passes in. Carrying a decision
 //! out (publishing copies, acking) is the job of `consume::settle`.
+//!
+//! Two rules are about faults that are not the message's:
+//!
+//! - **Our own outages spend no attempt.** An idempotency store that cannot be asked gives
+//!   [`Decision::StoreUnavailable`]: the delivery waits ([`store_backoff`]: 250 ms doubling
+//!   to 30 s, by the consumer's consecutive store failures) and is put back on its queue
+//!   with its attempt unchanged, like an in-progress wait; it is never dead-lettered for it.
+//! - **Crash loops end.** On a quorum queue the broker counts in `x-delivery-count` how
+//!   often this message came back without a settlement (a consumer that crashed, was killed
+//!   or lost its connection; on RabbitMQ before 4.3 also every requeue). Those deliveries
+//!   count as attempts: the attempt the rules use is `x-acemq-attempt + x-delivery-count`,
+//!   and a delivery whose count already uses up the policy's attempts is dead-lettered
+//!   before its handler runs ([`crash_loop`]). Without a policy nothing ends a crash loop
+//!   (a failing message is retried forever anyway); the broker-side backstop is a
+//!   `delivery-limit` policy (docs/wire.md §6). On a classic queue only the redelivered
+//!   flag is known, which says "at least once before" but not how often: it changes
+//!   nothing.
 
 use std::time::Duration;
 
@@ -11,8 +28,10 @@ use rand::Rng;
 
 use super::handler::{HandlerError, Kind};
 use crate::envelope::Envelope;
+use crate::headers::HeaderValue;
 use crate::retry::{RetryPolicy, Wait};
 use crate::topology::render_delay;
+use crate::transport::Delivery;
 
 /// Reason texts are cut to this many bytes (with a marker) so a republish never outgrows
 /// the broker's frame size.
@@ -35,6 +54,12 @@ pub(crate) enum Outcome {
     Duplicate,
     /// The idempotency store says another consumer holds a live claim on this id.
     InProgress,
+    /// The idempotency store could not be asked: our outage, not the message's failure.
+    /// `failures` counts the consumer's consecutive failed store calls, this one included.
+    StoreUnavailable {
+        /// Consecutive failed store calls (at least 1).
+        failures: u32,
+    },
 }
 
 /// Why a message goes to `{q}.dlq`.
@@ -80,6 +105,33 @@ pub enum Decision {
     /// Someone else is working on it: wait, then republish to the same queue with the
     /// attempt unchanged (no attempt spent, never dead-lettered).
     InProgress(Duration),
+    /// The idempotency store could not be asked (our outage): wait, then republish to the
+    /// same queue with the attempt unchanged, like [`Decision::InProgress`] (no attempt
+    /// spent, never dead-lettered); the wait is [`store_backoff`].
+    StoreUnavailable(Duration),
+}
+
+/// The first wait of a delivery put back because the idempotency store could not be asked.
+pub const STORE_RETRY_INITIAL: Duration = Duration::from_millis(250);
+
+/// The longest wait of a delivery put back because the idempotency store could not be asked.
+pub const STORE_RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// The wait after the consumer's `failures`-th consecutive failed idempotency store call:
+/// [`STORE_RETRY_INITIAL`] doubling per failure, capped at [`STORE_RETRY_MAX`].
+///
+/// ```
+/// use acemq::consume::store_backoff;
+/// use std::time::Duration;
+/// assert_eq!(store_backoff(1), Duration::from_millis(250));
+/// assert_eq!(store_backoff(3), Duration::from_secs(1));
+/// assert_eq!(store_backoff(50), Duration::from_secs(30));
+/// ```
+pub fn store_backoff(failures: u32) -> Duration {
+    let doublings = failures.saturating_sub(1).min(16);
+    STORE_RETRY_INITIAL
+        .saturating_mul(1u32 << doublings)
+        .min(STORE_RETRY_MAX)
 }
 
 /// A consumer's settlement rules: its policy and the two waits that are not the policy's.
@@ -93,22 +145,73 @@ pub(crate) struct Rules {
     pub(crate) in_progress_delay: Duration,
 }
 
-/// What the rules read from a delivery's envelope: its attempt (1 for the first delivery)
-/// and its age since the first publish (`None` when unknown).
+/// The quorum queue header counting how often a message came back without a settlement.
+pub(crate) const DELIVERY_COUNT: &str = "x-delivery-count";
+
+/// What the rules read from a delivery: its attempt (`x-acemq-attempt`, 1 for the first
+/// delivery), its age since the first publish (`None` when unknown), how often the broker
+/// says this message came back without a settlement (`x-delivery-count` on quorum queues,
+/// 0 when absent) and its redelivered flag.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Facts {
     pub(crate) attempt: u32,
     pub(crate) age: Option<Duration>,
+    pub(crate) returned: u32,
+    pub(crate) redelivered: bool,
 }
 
 impl Facts {
-    /// Reads the attempt and age (now minus first-seen) of an envelope.
+    /// Reads the attempt and age (now minus first-seen) of an envelope; nothing about the
+    /// broker's redeliveries.
     pub(crate) fn of(envelope: &Envelope) -> Facts {
         Facts {
             attempt: u32::try_from(envelope.attempt()).unwrap_or(1),
             age: envelope.age(),
+            returned: 0,
+            redelivered: false,
         }
     }
+
+    /// Reads an envelope and the broker's redelivery facts of its delivery.
+    pub(crate) fn of_delivery(envelope: &Envelope, d: &Delivery) -> Facts {
+        let returned = d
+            .properties
+            .headers
+            .get(DELIVERY_COUNT)
+            .and_then(HeaderValue::as_i64)
+            .and_then(|n| u32::try_from(n).ok())
+            .unwrap_or(0);
+        Facts {
+            returned,
+            redelivered: d.redelivered,
+            ..Facts::of(envelope)
+        }
+    }
+
+    /// The attempt the rules use: the envelope's attempt plus the deliveries the broker
+    /// counted that ended without a settlement (crashes count as attempts).
+    pub(crate) fn spent(&self) -> u32 {
+        self.attempt.saturating_add(self.returned)
+    }
+}
+
+/// Crash-loop protection, checked before anything else runs: a delivery whose unsettled
+/// returns (`x-delivery-count`) already use up the policy's attempts is dead-lettered
+/// without running its handler. `None`: go ahead. Without a policy, or without a count
+/// (classic queues: the redelivered flag alone says nothing about how often), never.
+pub(crate) fn crash_loop(facts: Facts, rules: &Rules) -> Option<Decision> {
+    let policy = rules.policy.as_ref()?;
+    if facts.returned == 0 || facts.spent() <= policy.max_attempts() {
+        return None;
+    }
+    Some(Decision::DeadLetter {
+        reason: bounded(format!(
+            "exhausted {} attempts: delivered {} times without a settlement (the consumer crashed or lost its connection)",
+            policy.max_attempts(),
+            facts.returned
+        )),
+        kind: DeadLetterKind::Exhausted,
+    })
 }
 
 /// Decides a delivery's fate from what happened, its attempt and age, and the rules.
@@ -122,13 +225,19 @@ pub(crate) fn decide<R: Rng + ?Sized>(
         Outcome::Handled => Decision::Ack,
         Outcome::Duplicate => Decision::Duplicate,
         Outcome::InProgress => Decision::InProgress(rules.in_progress_delay),
+        Outcome::StoreUnavailable { failures } => {
+            Decision::StoreUnavailable(store_backoff(*failures))
+        }
         Outcome::Undecodable(e) => Decision::Park {
             reason: bounded(format!("could not be decoded: {e}")),
         },
         Outcome::Failed(err) => match err.kind {
             Kind::Retry => failure(
                 &err.reason,
-                facts,
+                Facts {
+                    attempt: facts.spent(),
+                    ..facts
+                },
                 rules.policy.as_ref(),
                 rules.no_policy_delay,
                 rng,
@@ -184,7 +293,7 @@ pub fn decide_failure(
 
 fn failure<R: Rng + ?Sized>(
     error: &str,
-    Facts { attempt, age }: Facts,
+    Facts { attempt, age, .. }: Facts,
     policy: Option<&RetryPolicy>,
     no_policy_delay: Duration,
     rng: &mut R,
@@ -318,6 +427,28 @@ mod tests {
                 Some(&fixed_1s),
                 Decision::InProgress(S(7)),
             ),
+            // Our store's outage: no attempt spent, whatever the attempt or policy.
+            (
+                Box::new(|| Outcome::StoreUnavailable { failures: 1 }),
+                3,
+                None,
+                Some(&fixed_1s),
+                Decision::StoreUnavailable(Duration::from_millis(250)),
+            ),
+            (
+                Box::new(|| Outcome::StoreUnavailable { failures: 4 }),
+                1,
+                Some(S(99)),
+                Some(&aged),
+                Decision::StoreUnavailable(S(2)),
+            ),
+            (
+                Box::new(|| Outcome::StoreUnavailable { failures: 99 }),
+                1,
+                None,
+                None,
+                Decision::StoreUnavailable(S(30)),
+            ),
             (
                 Box::new(|| Outcome::Undecodable("bad json".into())),
                 1,
@@ -432,12 +563,102 @@ mod tests {
                 no_policy_delay: S(5),
                 in_progress_delay: S(7),
             };
-            let got = decide(&outcome(), Facts { attempt, age }, &rules, &mut rng);
+            let facts = Facts {
+                attempt,
+                age,
+                returned: 0,
+                redelivered: false,
+            };
+            let got = decide(&outcome(), facts, &rules, &mut rng);
             assert_eq!(
                 got, expected,
                 "row {i}: attempt {attempt}, age {age:?}, policy {policy:?}"
             );
         }
+    }
+
+    #[test]
+    fn unsettled_returns_count_as_attempts() {
+        let three = RetryPolicy::fixed(3, S(1)).unwrap();
+        let crashed = |n: u32| {
+            Some(dead_letter(
+                &format!(
+                    "exhausted 3 attempts: delivered {n} times without a settlement (the consumer crashed or lost its connection)"
+                ),
+                DeadLetterKind::Exhausted,
+            ))
+        };
+        // (attempt, x-delivery-count, redelivered, policy, before the handler runs, after
+        // it failed with a retry)
+        type Row<'a> = (
+            u32,
+            u32,
+            bool,
+            Option<&'a RetryPolicy>,
+            Option<Decision>,
+            Decision,
+        );
+        let table: Vec<Row<'_>> = vec![
+            // A first delivery, and a classic queue's redelivery (flag, no count): as today.
+            (1, 0, false, Some(&three), None, retry_in_consumer(1)),
+            (1, 0, true, Some(&three), None, retry_in_consumer(1)),
+            (3, 0, true, Some(&three), None, {
+                dead_letter("exhausted 3 attempts: boom", DeadLetterKind::Exhausted)
+            }),
+            // Quorum queue: each unsettled return is an attempt.
+            (1, 1, true, Some(&three), None, retry_in_consumer(1)),
+            (
+                1,
+                2,
+                true,
+                Some(&three),
+                None,
+                dead_letter("exhausted 3 attempts: boom", DeadLetterKind::Exhausted),
+            ),
+            (1, 3, true, Some(&three), crashed(3), retry_in_consumer(1)),
+            (2, 2, true, Some(&three), crashed(2), retry_in_consumer(1)),
+            (1, 40, true, Some(&three), crashed(40), retry_in_consumer(1)),
+            // Without a policy nothing ends a loop (the broker's delivery-limit may).
+            (1, 40, true, None, None, retry_in_consumer(5)),
+        ];
+        let mut rng = StdRng::seed_from_u64(3);
+        for (i, (attempt, returned, redelivered, policy, before, failed)) in
+            table.into_iter().enumerate()
+        {
+            let rules = Rules {
+                policy: policy.cloned(),
+                no_policy_delay: S(5),
+                in_progress_delay: S(5),
+            };
+            let facts = Facts {
+                attempt,
+                age: None,
+                returned,
+                redelivered,
+            };
+            assert_eq!(crash_loop(facts, &rules), before, "row {i}: before the run");
+            if before.is_none() {
+                let got = decide(
+                    &Outcome::Failed(HandlerError::retry("boom")),
+                    facts,
+                    &rules,
+                    &mut rng,
+                );
+                assert_eq!(got, failed, "row {i}: after a failure");
+            }
+        }
+    }
+
+    #[test]
+    fn the_store_backoff_doubles_to_thirty_seconds() {
+        let waits: Vec<u64> = (0..10)
+            .map(|n| store_backoff(n).as_millis() as u64)
+            .collect();
+        assert_eq!(
+            waits,
+            [250, 250, 500, 1000, 2000, 4000, 8000, 16000, 30000, 30000]
+        );
+        assert_eq!(store_backoff(u32::MAX), STORE_RETRY_MAX);
     }
 
     #[test]
@@ -452,6 +673,8 @@ mod tests {
         let facts = Facts {
             attempt: 1,
             age: None,
+            returned: 0,
+            redelivered: false,
         };
         for e in [
             HandlerError::retry(&huge),

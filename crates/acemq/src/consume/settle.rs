@@ -55,7 +55,7 @@ impl AckRun {
 pub(crate) struct Settler {
     pub(crate) engine: Arc<Engine>,
     pub(crate) queue: Arc<str>,
-    stats: Arc<Stats>,
+    pub(crate) stats: Arc<Stats>,
     /// Cancelled when the consumer closes: an in-consumer wait ends and the message is
     /// requeued with its attempt unchanged.
     pub(crate) closing: CancellationToken,
@@ -92,12 +92,16 @@ impl Settler {
             Decision::Ack => self.send(&d, ACK, Counter::Acked).await,
             Decision::Release => self.send(&d, REQUEUE, Counter::Released).await,
             Decision::Duplicate => self.send(&d, ACK, Counter::Duplicate).await,
-            Decision::InProgress(delay) => {
+            Decision::InProgress(delay) | Decision::StoreUnavailable(delay) => {
+                let counter = match decision {
+                    Decision::StoreUnavailable(_) => Counter::StoreUnavailable,
+                    _ => Counter::InProgress,
+                };
                 if !self.wait(delay).await {
                     self.send(&d, REQUEUE, Counter::RequeuedOnClose).await
                 } else {
                     let copy = self.engine.copy_with(&d, &self.queue, envelope);
-                    self.move_then_ack(&d, copy, Counter::InProgress).await
+                    self.move_then_ack(&d, copy, counter).await
                 }
             }
             Decision::Park { reason } => {
