@@ -27,7 +27,9 @@ impl InHand {
     /// Holds `id` for `store`; `None` when this process already holds it.
     pub(crate) fn enter(store: &Arc<dyn IdempotencyStore>, id: &str) -> Option<InHand> {
         let key = (Arc::as_ptr(store).cast::<()>() as usize, id.to_owned());
-        lock(&IN_HAND).insert(key.clone()).then_some(InHand { key })
+        let fresh = lock(&IN_HAND).insert(key.clone());
+        // (Built only when fresh: dropping a hold that was not taken would free another's.)
+        if fresh { Some(InHand { key }) } else { None }
     }
 }
 
