@@ -94,6 +94,46 @@ async fn a_message_that_kills_three_consumers_goes_to_the_dlq_unhandled() {
     .await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_counts_as_an_attempt_and_is_not_counted_twice() {
+    on_each_target(|target: Target| async move {
+        let mq = Connection::connect(&target.url()).await.unwrap();
+        let q = unique("crash-once");
+        declare_quorum(&mq, &q).await;
+        mq.publisher::<u32>("", &q).send(&1).await.unwrap();
+        // One consumer dies holding it.
+        let t = target.transport().await;
+        let mut sub = t.consume(spec(&q, 1)).await.unwrap();
+        tokio::time::timeout(WAIT, sub.next())
+            .await
+            .expect("a delivery")
+            .expect("subscription open")
+            .expect("delivery");
+        t.close().await.unwrap();
+        // Then every run fails: attempts 2 and 3 run (the crash was attempt 1), and the
+        // retry copy does not carry the broker's count on top of its attempt.
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let s = seen.clone();
+        let consumer = mq
+            .consume(&q, three_attempts(), move |m: Message<u32>| {
+                s.lock().unwrap().push(m.envelope().attempt());
+                async { Err(acemq::consume::HandlerError::retry("still failing")) }
+            })
+            .await
+            .unwrap();
+        let dead = take_one(&**mq.transport(), &format!("{q}.dlq"), WAIT).await;
+        assert_eq!(
+            dead.properties.headers["x-acemq-error"].as_str(),
+            Some("exhausted 3 attempts: still failing")
+        );
+        assert!(!dead.properties.headers.contains_key("x-delivery-count"));
+        assert_eq!(*seen.lock().unwrap(), [2, 3]);
+        consumer.close().await;
+        support::teardown(&mq, &q, &[]).await;
+    })
+    .await;
+}
+
 // ---------------------------------------------------------------------------------------
 // Real processes (RabbitMQ only): with `ACEMQ_CRASH_QUEUE` set, this test, run alone with
 // `--exact`, is a consumer whose handler aborts the process.

@@ -21,7 +21,7 @@ use futures::FutureExt;
 use tokio::sync::OwnedSemaphorePermit;
 use tracing::Instrument;
 
-use super::decide::{Decision, Facts, Outcome, Rules, crash_loop, decide};
+use super::decide::{DELIVERY_COUNT, Decision, Facts, Outcome, Rules, crash_loop, decide};
 use super::handler::HandlerError;
 use super::message::Message;
 use super::settle::{AckRun, Settler};
@@ -69,6 +69,10 @@ pub(super) async fn handle<T, F, Fut>(
     }
     let read = Envelope::read(&d.properties, &d.routing_key);
     let facts = Facts::of_delivery(&read, &d);
+    // The broker's count belongs to this delivery, not to the copies settlement publishes
+    // (they carry it in their attempt instead); a copy keeping it would count it twice.
+    let mut d = d;
+    d.properties.headers.remove(DELIVERY_COUNT);
     // The attempt copies carry counts the broker's unsettled returns (crashes) too.
     let envelope = Arc::new(if facts.returned > 0 {
         let spent = i32::try_from(facts.spent()).unwrap_or(i32::MAX);
