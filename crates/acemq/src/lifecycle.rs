@@ -7,8 +7,8 @@
 //! deliveries back at once, cut retry waits short, wait up to [`ABANDON_AFTER`] for running
 //! handlers, then close anyway: an abandoned handler's late ack is dropped, never sent).
 //!
-//! It also keeps what health reads about each consumer ([`ConsumerControl`]): why it
-//! stopped, if it stopped on its own, and its progress ([`ConsumerProgress`]: last delivery
+//! It also keeps what health reads about each consumer (`ConsumerControl`): why it
+//! stopped, if it stopped on its own, and its progress (`ConsumerProgress`: last delivery
 //! and settlement, deliveries held, stalled or not, its idempotency store's outage).
 
 use std::fmt;
