@@ -1,8 +1,9 @@
 //! The SQL idempotency store.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
+use std::time::Instant;
 
 use acemq::idempotency::{
     ClaimOutcome, DEFAULT_CLAIM_TIMEOUT, DEFAULT_RETENTION, IdempotencyStore, StoreError,
@@ -248,8 +249,10 @@ pub struct SqlIdempotencyStore {
     owner: String,
     sql: Statements,
     /// The ids this instance holds claims on (claimed, not yet confirmed or released), and
-    /// the ids being claimed right now.
-    held: Mutex<HashSet<String>>,
+    /// the ids being claimed right now, with when. An entry older than the claim timeout
+    /// is stale (its holder never confirmed or released: an abandoned handler) and no
+    /// longer counts.
+    held: Mutex<HashMap<String, Instant>>,
 }
 
 fn unavailable(e: sqlx::Error) -> StoreError {
@@ -389,7 +392,7 @@ impl SqlIdempotencyStore {
         }))
     }
 
-    fn held(&self) -> MutexGuard<'_, HashSet<String>> {
+    fn held(&self) -> MutexGuard<'_, HashMap<String, Instant>> {
         // The set is only ever inserted into and removed from: a poisoned lock is still
         // consistent.
         self.held.lock().unwrap_or_else(|e| e.into_inner())
@@ -399,7 +402,18 @@ impl SqlIdempotencyStore {
     /// the reservation (until confirm or release).
     async fn claim_outcome(&self, key: &str) -> Result<ClaimOutcome, StoreError> {
         check_key(key)?;
-        if !self.held().insert(key.to_owned()) {
+        let reserved = {
+            let mut held = self.held();
+            let lease = Duration::from_millis(u64::try_from(self.claim_timeout).unwrap_or(0));
+            match held.get(key) {
+                Some(at) if at.elapsed() < lease => false,
+                _ => {
+                    held.insert(key.to_owned(), Instant::now());
+                    true
+                }
+            }
+        };
+        if !reserved {
             // Ours, and being worked on right now in this process (unless someone took an
             // expired lease over and confirmed it meanwhile). Never an error: a caller
             // must not give back a claim a running delivery holds.
