@@ -4,6 +4,11 @@
 
 mod support;
 
+#[path = "../../acemq/tests/drills/broker.rs"]
+mod broker;
+#[path = "outbox/faults.rs"]
+mod faults;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;

@@ -255,6 +255,9 @@ impl Engine {
                 "closing with handlers still running; they are abandoned and their messages will be redelivered"
             );
         }
+        // Publishes from here on are answered Error::Closed (kind Closed: closed by its
+        // owner), not a transient transport error; permits already held are unaffected.
+        self.window.close();
         self.transport.close().await?;
         Ok(())
     }

@@ -508,11 +508,21 @@ async fn a_dropped_connection_is_down_in_health_and_loses_nothing() {
     on_each_target(|target: Target| async move {
         let name = unique("dropped");
         let mq = match &target {
-            Target::Memory(_) => Connection::connect(&target.url()).await.unwrap(),
+            // Recovery off: Down is for a connection that is closed and stays closed (while
+            // recovery redials, health says Degraded; tests/recovery_consumers.rs).
+            Target::Memory(_) => Connection::connect_with(
+                &target.url(),
+                acemq::connection::ConnectionOptions::default()
+                    .recovery(acemq::transport::recovery::RecoveryPolicy::disabled()),
+            )
+            .await
+            .unwrap(),
             Target::Amqp(url) => {
                 let t = acemq::transport::amqp::AmqpTransport::connect_with(
                     url,
-                    acemq::transport::amqp::AmqpOptions::default().connection_name(&name),
+                    acemq::transport::amqp::AmqpOptions::default()
+                        .connection_name(&name)
+                        .recovery(acemq::transport::recovery::RecoveryPolicy::disabled()),
                 )
                 .await
                 .unwrap();

@@ -245,3 +245,77 @@ async fn with_recovery_off_a_lost_connection_is_down() {
         None
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn confirm_window_permits_come_back_after_a_loss() {
+    let Some(url) = support::amqp_url() else {
+        return;
+    };
+    // A window of 8: if publishes in flight at the loss kept their permits, the batches
+    // after the recovery would wait forever.
+    let name = support::unique("recover-window");
+    let mq = Connection::connect_with(
+        &url,
+        ConnectionOptions::default()
+            .name(&name)
+            .recovery(fast())
+            .max_outstanding_confirms(8),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("connect: {e}"));
+    let q = support::unique("recover.window");
+    support::declare_classic(&mq, &q).await;
+    let publisher = mq.publisher::<u32>("", &q);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let in_flight = {
+        let (p, stop) = (publisher.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut failures = Vec::new();
+            let mut round = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let batch: Vec<u32> = (0..8).map(|i| round * 8 + i).collect();
+                if let Err(e) = p.send_all(&batch).await {
+                    failures.push(e);
+                }
+                round += 1;
+            }
+            failures
+        })
+    };
+    support::close_rabbit_connection_named(&format!("{name} (publish)"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    support::eventually(Duration::from_secs(20), "recovered", || {
+        let up = mq.status().connected;
+        async move { up.then_some(()) }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let failures = tokio::time::timeout(Duration::from_secs(60), in_flight)
+        .await
+        .expect("publishing did not stall")
+        .expect("task");
+    assert!(!failures.is_empty(), "the loss hit publishes under way");
+    for e in &failures {
+        assert!(
+            matches!(e.kind(), ErrorKind::Transient | ErrorKind::InDoubt),
+            "{e}"
+        );
+    }
+    // After recovery the whole window is free again: 10 full batches go through.
+    support::eventually(Duration::from_secs(20), "publishing works again", || {
+        let p = publisher.clone();
+        async move { p.send(&0).await.ok() }
+    })
+    .await;
+    for round in 0..10u32 {
+        let batch: Vec<u32> = (0..8).map(|i| round * 8 + i).collect();
+        tokio::time::timeout(Duration::from_secs(10), publisher.send_all(&batch))
+            .await
+            .expect("a full window is available")
+            .unwrap_or_else(|e| panic!("send_all: {e}"));
+    }
+    mq.transport().delete_queue(&q).await.ok();
+    mq.close().await.unwrap_or_else(|e| panic!("close: {e}"));
+}

@@ -34,6 +34,8 @@ pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
 /// The default wait before a failed row is tried again: 5 s.
 pub const DEFAULT_RETRY_DELAY: Duration = Duration::from_secs(5);
+/// The default cap on the relay's pause after the broker was unavailable: 30 s.
+pub const DEFAULT_MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 const LAST_ERROR_MAX_CHARS: usize = 1000;
 
@@ -394,6 +396,31 @@ impl Outbox {
         let now = now_millis();
         on_pool!(&self.pool, p => sqlx::query(AssertSqlSafe(sql)).bind(now).bind(id).execute(p).await.map(|_| ())?);
         Ok(())
+    }
+
+    /// Records a publish the broker was unavailable for: `last_error` set, `attempts`
+    /// unchanged, the lease given back; the row can be claimed again `after` from now (at
+    /// once with `None`).
+    async fn defer(&self, id: &str, error: &str, after: Option<Duration>) -> Result<(), Error> {
+        let sql = self.sql.defer.clone();
+        let error: String = error.chars().take(LAST_ERROR_MAX_CHARS).collect();
+        let until = after.map(|d| now_millis().saturating_add(millis(d)));
+        on_pool!(&self.pool, p => sqlx::query(AssertSqlSafe(sql))
+            .bind(error.as_str())
+            .bind(until)
+            .bind(id)
+            .execute(p)
+            .await
+            .map(|_| ())?);
+        Ok(())
+    }
+
+    /// Gives back the lease on every row `token` still holds (claimable again at once).
+    async fn release(&self, token: &str) -> Result<u64, Error> {
+        let sql = self.sql.release.clone();
+        Ok(
+            on_pool!(&self.pool, p => sqlx::query(AssertSqlSafe(sql)).bind(token).execute(p).await?.rows_affected()),
+        )
     }
 
     async fn mark_failed(

@@ -70,6 +70,8 @@ pub(super) struct Statements {
     pub(super) fetch_claimed: Arc<str>,
     pub(super) mark_published: Arc<str>,
     pub(super) mark_failed: Arc<str>,
+    pub(super) defer: Arc<str>,
+    pub(super) release: Arc<str>,
     pub(super) pending_count: Arc<str>,
     pub(super) by_id: Arc<str>,
     pub(super) retired: Arc<str>,
@@ -149,6 +151,20 @@ pub(super) fn statements(d: Dialect, t: &TableName) -> Statements {
             p(3),
             p(4),
             p(5)
+        )
+        .into(),
+        // The broker was unavailable: attempts unchanged, the lease handed back (the row
+        // claimable again at `locked_until`, or at once when it is NULL).
+        defer: format!(
+            "UPDATE {t} SET last_error = {}, locked_by = NULL, locked_until = {} WHERE id = {}",
+            p(1),
+            p(2),
+            p(3)
+        )
+        .into(),
+        release: format!(
+            "UPDATE {t} SET locked_by = NULL, locked_until = NULL WHERE locked_by = {} AND {pending}",
+            p(1)
         )
         .into(),
         pending_count: format!("SELECT COUNT(*) FROM {t} WHERE {pending}").into(),

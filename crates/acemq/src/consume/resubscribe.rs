@@ -36,7 +36,7 @@ pub(crate) async fn resubscribe(
         // Wait for the connection first: subscribing on a recovering transport only fails.
         while !transport.status().connected {
             degraded(format!(
-                "waiting for the connection to {} to recover",
+                "the broker ended the subscription; waiting for the connection to {} to recover",
                 transport.kind()
             ));
             tokio::select! {
@@ -59,7 +59,10 @@ pub(crate) async fn resubscribe(
             }
             Err(e) => {
                 tracing::warn!(queue = %spec.queue, attempt, error = %e, "subscribing again failed; will retry");
-                degraded(format!("cannot subscribe to {}: {e}", spec.queue));
+                degraded(format!(
+                    "the broker ended the subscription; subscribing to {} again failed: {e}",
+                    spec.queue
+                ));
             }
         }
         tokio::select! {

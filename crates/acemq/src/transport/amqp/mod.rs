@@ -31,6 +31,7 @@ mod errors;
 mod link;
 mod options;
 mod publisher;
+mod returns;
 mod subscription;
 
 use std::sync::Arc;

@@ -11,17 +11,19 @@
 //!   republishes a message under its own id (a retry hop, a dead letter), so the id alone
 //!   can name two publishes in flight at once; the destination tells them apart. A return
 //!   that lapin attached to a publish with the same key is that publish's own. lapin hands
-//!   a `basic.return` to whichever
-//!   pending confirm completes next, and a `multiple=true` ack completes its tags in
-//!   `HashMap` order, so a return can ride on another publish's confirm. Every confirm goes,
+//!   a `basic.return` to whichever pending confirm completes next, and a `multiple=true` ack
+//!   completes its tags in `HashMap` order, so a return can ride on another publish's
+//!   confirm (or on a dropped one, handed over by `wait_for_confirms`). Every confirm goes,
 //!   in publish order, to a collector task (one per publisher channel). When the oldest one
 //!   resolves, the collector gathers every later confirm that is already resolved, collects
 //!   the returns carried by all of them, and answers each publish by its own id: routed,
 //!   unroutable or nacked. Before it gathers, it takes lapin's acknowledgement lock once
 //!   (through a single, never-awaited poll of `wait_for_confirms`), so an ack frame that is
 //!   being applied is seen whole and a return is never missed because its carrier resolved
-//!   a microsecond later; this repeats until a pass finds nothing new. A return whose
-//!   publish is still unanswered waits for it in a map keyed by id.
+//!   a microsecond later; this repeats until a pass finds nothing new. A return waits for
+//!   its publish even when the queue is empty (lapin may confirm a publish before it is
+//!   handed over); it is dropped once every publish written before it was seen has been
+//!   answered (publishes are numbered per channel; `returns` owns that bookkeeping).
 //! * **Publishes without a `message_id`** are answered by the return lapin attached to their
 //!   own confirm (exact when they are not pipelined with other unroutable publishes; give
 //!   every publish an id, as AceMQ does).
@@ -46,8 +48,8 @@
 //!   `confirm_timeout`. If the block arrives while a publish's frames are still queued in
 //!   lapin, they stay queued and go out after the unblock: that publish is in doubt too.
 
+use std::collections::VecDeque;
 use std::collections::hash_map::DefaultHasher;
-use std::collections::{HashMap, VecDeque};
 use std::hash::{Hash, Hasher};
 use std::time::Duration;
 
@@ -62,6 +64,7 @@ use tracing::{debug, warn};
 use super::convert;
 use super::errors::{from_lapin, named_exchange};
 use super::link::Link;
+use super::returns::{Returned, Returns, Written, horizon, return_key};
 use crate::error::ErrorKind;
 use crate::transport::{Confirmation, Outbound, PendingConfirm, TransportError, TransportStatus};
 
@@ -73,6 +76,8 @@ struct Pending {
     message_id: Option<String>,
     /// A hash of the exchange, to tell which publish a channel close was about.
     exchange: u64,
+    /// The publish's number on its channel ([`Written::begin`]), for matching returns.
+    seq: u64,
     /// When the frames were written (the confirm deadline is `confirm_timeout` later).
     published: Instant,
     confirm: PublisherConfirm,
@@ -84,6 +89,8 @@ struct Pending {
 struct Live {
     channel: Channel,
     collector: mpsc::UnboundedSender<Pending>,
+    /// Numbers the publishes on this channel; shared with the collector.
+    written: Written,
 }
 
 struct State {
@@ -206,7 +213,15 @@ impl Publisher {
         };
 
         if !self.link.ready() {
-            let mut status = self.state.lock().await.status.clone();
+            let mut status = {
+                let state = self.state.lock().await;
+                if state.closed {
+                    return Err(TransportError::Closed {
+                        detail: "the transport was closed".into(),
+                    });
+                }
+                state.status.clone()
+            };
             self.ready(&mut status).await?;
         }
         let mut guard = self.state.lock().await;
@@ -223,6 +238,9 @@ impl Publisher {
         let live = self.live(&mut state.live, &state.status, &conn).await?;
         state.status.mark_unchanged();
         let started = Instant::now();
+        // Numbered before lapin gets the frames, and in flight until handed over (see
+        // `returns`).
+        let in_flight = live.written.begin();
         let written = {
             let publish =
                 live.channel
@@ -243,6 +261,7 @@ impl Publisher {
         let pending = Pending {
             message_id,
             exchange: exchange_hash,
+            seq: in_flight.seq(),
             published: started,
             confirm,
             reply: Some(reply),
@@ -252,7 +271,7 @@ impl Publisher {
                 detail: "the publisher's confirm collector stopped".into(),
             });
         }
-        drop(guard);
+        drop((guard, in_flight));
         Ok(Box::pin(async move {
             answer.await.unwrap_or_else(|_| {
                 Err(TransportError::ConfirmLost {
@@ -293,14 +312,23 @@ impl Publisher {
                 .await
                 .map_err(from_lapin)?;
             let (collector, incoming) = mpsc::unbounded_channel();
+            let written = Written::default();
             tokio::spawn(collect(
-                channel.clone(),
-                incoming,
+                Inbox {
+                    channel: channel.clone(),
+                    incoming,
+                    written: written.clone(),
+                    received: 0,
+                },
                 self.confirm_timeout,
                 conn.status().clone(),
                 status.clone(),
             ));
-            *live = Some(Live { channel, collector });
+            *live = Some(Live {
+                channel,
+                collector,
+                written,
+            });
         }
         live.as_ref().ok_or_else(|| TransportError::Closed {
             detail: "no publisher channel".into(),
@@ -332,54 +360,12 @@ async fn blocked_change(status: &mut watch::Receiver<TransportStatus>, conn: &la
     }
 }
 
-/// The returns collected so far whose publish has not been answered yet.
-#[derive(Default)]
-struct Returns {
-    by_id: HashMap<String, VecDeque<(u16, String)>>,
-    /// Returns without a message id carried by a publish that has one.
-    anonymous: VecDeque<(u16, String)>,
-}
-
-impl Returns {
-    fn add(&mut self, ret: lapin::message::BasicReturnMessage) -> Option<(u16, String)> {
-        let (key, what) = split_return(ret);
-        match key {
-            Some(key) => {
-                self.by_id.entry(key).or_default().push_back(what);
-                None
-            }
-            None => Some(what),
-        }
-    }
-
-    fn take(&mut self, id: &str) -> Option<(u16, String)> {
-        let queue = self.by_id.get_mut(id)?;
-        let found = queue.pop_front();
-        if queue.is_empty() {
-            self.by_id.remove(id);
-        }
-        found
-    }
-
-    fn clear(&mut self) {
-        if !self.by_id.is_empty() || !self.anonymous.is_empty() {
-            warn!(
-                by_id = self.by_id.len(),
-                anonymous = self.anonymous.len(),
-                "basic.return for messages no longer awaiting a confirm; dropped"
-            );
-            self.by_id.clear();
-            self.anonymous.clear();
-        }
-    }
-}
-
 /// A publish whose confirm has resolved, waiting to be answered with its batch.
 struct Done {
     pending: Pending,
     result: lapin::Result<LapinConfirmation>,
-    /// A return without message id that lapin attached to this publish's confirm.
-    own_return: Option<(u16, String)>,
+    /// The return lapin attached to this publish's confirm when it is this publish's own.
+    own_return: Option<Returned>,
 }
 
 // A short-lived stack value, once per collector turn: boxing the confirmation would cost an
@@ -391,16 +377,6 @@ enum Event {
     Status(bool),
 }
 
-fn in_doubt(p: &Pending, now: Instant) -> TransportError {
-    TransportError::ConfirmTimeout {
-        millis: now
-            .saturating_duration_since(p.published)
-            .as_millis()
-            .try_into()
-            .unwrap_or(u64::MAX),
-    }
-}
-
 /// Answers every unanswered publish in `queue` as in doubt, keeping the confirms (a return
 /// they carry later still reaches the map).
 fn answer_in_doubt(queue: &mut VecDeque<Pending>, now: Instant, only_before: Option<Instant>) {
@@ -409,8 +385,33 @@ fn answer_in_doubt(queue: &mut VecDeque<Pending>, now: Instant, only_before: Opt
             break;
         }
         if let Some(reply) = p.reply.take() {
-            let _ = reply.send(Err(in_doubt(p, now)));
+            let waited = now.saturating_duration_since(p.published).as_millis();
+            let millis = waited.try_into().unwrap_or(u64::MAX);
+            let _ = reply.send(Err(TransportError::ConfirmTimeout { millis }));
         }
+    }
+}
+
+/// What the collector receives publishes through, and the channel they were written on.
+struct Inbox {
+    channel: Channel,
+    incoming: mpsc::UnboundedReceiver<Pending>,
+    /// The channel's publish counter: the watermark of a return seen now.
+    written: Written,
+    /// The highest publish number received so far.
+    received: u64,
+}
+
+impl Inbox {
+    /// Moves every publish already handed over into `queue` (after one taken from
+    /// `incoming` directly), and notes the highest number received.
+    fn pull(&mut self, queue: &mut VecDeque<Pending>) {
+        while let Ok(p) = self.incoming.try_recv() {
+            queue.push_back(p);
+        }
+        self.received = queue
+            .back()
+            .map_or(self.received, |p| p.seq.max(self.received));
     }
 }
 
@@ -422,8 +423,7 @@ fn answer_in_doubt(queue: &mut VecDeque<Pending>, now: Instant, only_before: Opt
 /// for the unblock), so every unanswered publish is answered in doubt as soon as the block is
 /// seen, rather than after `confirm_timeout`.
 async fn collect(
-    channel: Channel,
-    mut incoming: mpsc::UnboundedReceiver<Pending>,
+    mut inbox: Inbox,
     confirm_timeout: Duration,
     connection: ConnectionStatus,
     mut status: watch::Receiver<TransportStatus>,
@@ -436,16 +436,16 @@ async fn collect(
     tokio::pin!(sleep);
     let mut armed: Option<Instant> = None;
     loop {
+        // Not a clear when the queue is empty: a return may belong to a publish that lapin
+        // has confirmed but that has not been handed over yet (see `returns`).
+        returns.expire(horizon(queue.front().map(|p| p.seq), inbox.received));
         if queue.is_empty() {
-            returns.clear();
-            match incoming.recv().await {
+            match inbox.incoming.recv().await {
                 Some(p) => queue.push_back(p),
                 None => break,
             }
         }
-        while let Ok(p) = incoming.try_recv() {
-            queue.push_back(p);
-        }
+        inbox.pull(&mut queue);
         if connection.blocked() {
             answer_in_doubt(&mut queue, Instant::now(), None);
         }
@@ -493,13 +493,14 @@ async fn collect(
                     });
                 }
                 gather(
-                    &channel,
-                    &mut incoming,
+                    &mut inbox,
                     &mut queue,
                     &mut batch,
                     &mut returns,
-                );
-                answer(&mut batch, &mut returns);
+                    confirm_timeout,
+                )
+                .await;
+                answer(&mut batch, &mut returns, inbox.written.current());
             }
         }
     }
@@ -507,19 +508,20 @@ async fn collect(
 }
 
 /// Moves every already-resolved confirm at the front of `queue` into `batch`, behind a
-/// barrier on lapin's acknowledgement lock, until a pass finds nothing new.
-fn gather(
-    channel: &Channel,
-    incoming: &mut mpsc::UnboundedReceiver<Pending>,
+/// barrier on lapin's acknowledgement lock, until a pass finds nothing new. Each pass first
+/// waits (up to `limit`) for the publish being written, if any, to be handed over: lapin may
+/// have confirmed it already, with a return of this batch on its confirm.
+async fn gather(
+    inbox: &mut Inbox,
     queue: &mut VecDeque<Pending>,
     batch: &mut Vec<Done>,
     returns: &mut Returns,
+    limit: Duration,
 ) {
     loop {
-        barrier(channel, returns);
-        while let Ok(p) = incoming.try_recv() {
-            queue.push_back(p);
-        }
+        let _ = tokio::time::timeout(limit, inbox.written.settled()).await;
+        returns.barrier(&inbox.channel, &inbox.written);
+        inbox.pull(queue);
         let before = batch.len();
         while let Some(front) = queue.front_mut() {
             let Some(result) = (&mut front.confirm).now_or_never() else {
@@ -539,51 +541,12 @@ fn gather(
     }
 }
 
-/// Waits until lapin has finished applying the ack frame it may be applying right now: the
-/// first poll of `wait_for_confirms` takes the acknowledgement lock. The future is never
-/// awaited; when it is ready at once it hands over returns carried by dropped confirms.
-fn barrier(channel: &Channel, returns: &mut Returns) {
-    if let Some(Ok(orphans)) = channel.wait_for_confirms().now_or_never() {
-        for ret in orphans {
-            if let Some(anonymous) = returns.add(ret) {
-                returns.anonymous.push_back(anonymous);
-            }
-        }
-    }
-}
-
-/// The key a return is matched by (`None` without a message id) and what it says.
-fn split_return(ret: lapin::message::BasicReturnMessage) -> (Option<String>, (u16, String)) {
-    let key = ret.delivery.properties.message_id().as_ref().map(|id| {
-        return_key(
-            id.as_str(),
-            ret.delivery.exchange.as_str(),
-            ret.delivery.routing_key.as_str(),
-        )
-    });
-    (key, (ret.reply_code, ret.reply_text.as_str().to_owned()))
-}
-
-/// `message_id`, exchange and routing key, joined with a separator no AMQP short string
-/// field relies on.
-fn return_key(message_id: &str, exchange: &str, routing_key: &str) -> String {
-    format!("{message_id}\u{0}{exchange}\u{0}{routing_key}")
-}
-
-/// Answers every publish in `batch`, in publish order.
-fn answer(batch: &mut Vec<Done>, returns: &mut Returns) {
+/// Answers every publish in `batch`, in publish order. `watermark` is the publish counter
+/// read after every confirm in the batch resolved.
+fn answer(batch: &mut Vec<Done>, returns: &mut Returns, watermark: u64) {
     for done in batch.iter_mut() {
-        if let Ok(LapinConfirmation::Ack(ret) | LapinConfirmation::Nack(ret)) = &mut done.result
-            && let Some(ret) = ret.take()
-        {
-            let (key, what) = split_return(ret);
-            match key {
-                // lapin attached it to its own publish (or one without an id): keep it there.
-                k if k == done.pending.message_id => done.own_return = Some(what),
-                Some(k) => returns.by_id.entry(k).or_default().push_back(what),
-                None => returns.anonymous.push_back(what),
-            }
-        }
+        let own = done.pending.message_id.as_deref();
+        done.own_return = returns.carried(&mut done.result, own, watermark);
     }
     for done in batch.drain(..) {
         let Done {
@@ -593,19 +556,7 @@ fn answer(batch: &mut Vec<Done>, returns: &mut Returns) {
         } = done;
         let outcome = match result {
             Ok(LapinConfirmation::Nack(_)) => Ok(Confirmation::Nacked),
-            Ok(_) => {
-                let returned = match &pending.message_id {
-                    Some(key) => own_return.or_else(|| returns.take(key)),
-                    None => own_return.or_else(|| returns.anonymous.pop_front()),
-                };
-                Ok(match returned {
-                    Some((reply_code, reply_text)) => Confirmation::Unroutable {
-                        reply_code,
-                        reply_text,
-                    },
-                    None => Confirmation::Routed,
-                })
-            }
+            Ok(_) => Ok(returns.outcome(own_return, pending.message_id.as_deref(), pending.seq)),
             Err(e) => Err(rejected(e, pending.exchange)),
         };
         if let Some(reply) = pending.reply {
