@@ -1,7 +1,9 @@
 //! The SQL idempotency store.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
+use std::time::Instant;
 
 use acemq::idempotency::{
     ClaimOutcome, DEFAULT_CLAIM_TIMEOUT, DEFAULT_RETENTION, IdempotencyStore, StoreError,
@@ -81,7 +83,10 @@ impl IdempotencyOptions {
 
     /// The `claimed_by` value written by this store (at most 255 characters); default
     /// `{hostname}:{pid}:{uuid}`, unique per store instance. Only the owner's
-    /// [`release`](IdempotencyStore::release) removes its claim.
+    /// [`release`](IdempotencyStore::release) removes its claim, and a live claim with
+    /// this owner that this instance is not working on is taken for its own (a claim
+    /// whose reply was lost), so **keep it unique per store instance**: two instances
+    /// sharing an owner would take each other's live claims.
     pub fn owner(mut self, owner: impl Into<String>) -> Self {
         self.owner = Some(owner.into());
         self
@@ -93,6 +98,7 @@ struct Statements {
     insert_claim: Arc<str>,
     select: Arc<str>,
     takeover: Arc<str>,
+    reclaim: Arc<str>,
     confirm_update: Arc<str>,
     confirm_insert: Arc<str>,
     release: Arc<str>,
@@ -137,7 +143,7 @@ fn statements(d: Dialect, t: &TableName) -> Statements {
     Statements {
         insert_claim: insert(CLAIMED).into(),
         select: format!(
-            "SELECT state, expires_at FROM {t} WHERE message_id = {}",
+            "SELECT state, expires_at, claimed_by FROM {t} WHERE message_id = {}",
             p(1)
         )
         .into(),
@@ -148,6 +154,14 @@ fn statements(d: Dialect, t: &TableName) -> Statements {
             p(3),
             p(4),
             p(5)
+        )
+        .into(),
+        reclaim: format!(
+            "UPDATE {t} SET recorded_at = {}, expires_at = {} WHERE message_id = {} AND state = '{CLAIMED}' AND claimed_by = {}",
+            p(1),
+            p(2),
+            p(3),
+            p(4)
         )
         .into(),
         confirm_update: format!(
@@ -170,6 +184,13 @@ fn statements(d: Dialect, t: &TableName) -> Statements {
     }
 }
 
+/// One row as a claim reads it.
+struct RowState {
+    state: String,
+    expires_at: i64,
+    claimed_by: Option<String>,
+}
+
 /// An [`IdempotencyStore`] in a SQL table, shared by every instance that uses the table.
 ///
 /// The table (default `acemq_idempotency`): `message_id VARCHAR(255)` primary key, `state`
@@ -182,8 +203,14 @@ fn statements(d: Dialect, t: &TableName) -> Statements {
 ///   exclusion and a conflict never aborts a surrounding transaction. When it did not take,
 ///   the row is read: a `CONFIRMED` row is a duplicate; a `CLAIMED` row whose lease has
 ///   run out is taken over by one conditional `UPDATE` (of two racers, the second updates
-///   no row); a live claim is in progress. An insert that did not take with no row behind
-///   it (even after retrying) is an error, never "taken".
+///   no row); a live claim is in progress, unless it is this store's own (same
+///   `claimed_by`) and this instance is not working on the id: then it is a claim whose
+///   reply was lost (or whose release failed) during a store outage, and it is taken back
+///   at once (its lease renewed) instead of leaving the message "in progress" for a whole
+///   lease. The instance remembers the ids it holds claims on (from a claim to its confirm
+///   or release), so a second claim of an id it is working on is in progress without a
+///   query, and two callers in one process never both get `Claimed`. An insert that did
+///   not take with no row behind it (even after retrying) is an error, never "taken".
 /// * **Confirm** sets `CONFIRMED` with `expires_at = now + retention` (re-inserting the
 ///   row if it vanished). A confirmed row is never retaken; it catches duplicates until
 ///   [`purge_expired`](Self::purge_expired) deletes it after the retention.
@@ -221,6 +248,11 @@ pub struct SqlIdempotencyStore {
     claim_timeout: i64,
     owner: String,
     sql: Statements,
+    /// The ids this instance holds claims on (claimed, not yet confirmed or released), and
+    /// the ids being claimed right now, with when. An entry older than the claim timeout
+    /// is stale (its holder never confirmed or released: an abandoned handler) and no
+    /// longer counts.
+    held: Mutex<HashMap<String, Instant>>,
 }
 
 fn unavailable(e: sqlx::Error) -> StoreError {
@@ -255,6 +287,7 @@ impl SqlIdempotencyStore {
             claim_timeout: millis(DEFAULT_CLAIM_TIMEOUT),
             owner: default_owner(),
             sql,
+            held: Mutex::default(),
         }
     }
 
@@ -291,6 +324,7 @@ impl SqlIdempotencyStore {
             claim_timeout: millis(options.claim_timeout),
             owner,
             sql,
+            held: Mutex::default(),
         })
     }
 
@@ -344,18 +378,73 @@ impl SqlIdempotencyStore {
             .rows_affected()))
     }
 
-    async fn read_state(&self, key: &str) -> Result<Option<(String, i64)>, sqlx::Error> {
+    async fn read_state(&self, key: &str) -> Result<Option<RowState>, sqlx::Error> {
         let sql = self.sql.select.clone();
         Ok(on_pool!(&self.pool, p => {
             match sqlx::query(AssertSqlSafe(sql)).bind(key).fetch_optional(p).await? {
-                Some(row) => Some((row.try_get::<String, _>(0)?, row.try_get::<i64, _>(1)?)),
+                Some(row) => Some(RowState {
+                    state: row.try_get::<String, _>(0)?,
+                    expires_at: row.try_get::<i64, _>(1)?,
+                    claimed_by: row.try_get::<Option<String>, _>(2)?,
+                }),
                 None => None,
             }
         }))
     }
 
+    fn held(&self) -> MutexGuard<'_, HashMap<String, Instant>> {
+        // The set is only ever inserted into and removed from: a poisoned lock is still
+        // consistent.
+        self.held.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Claims `key`, reserving it in this instance first: only a `Claimed` answer keeps
+    /// the reservation (until confirm or release).
     async fn claim_outcome(&self, key: &str) -> Result<ClaimOutcome, StoreError> {
         check_key(key)?;
+        let reserved = {
+            let mut held = self.held();
+            let lease = Duration::from_millis(u64::try_from(self.claim_timeout).unwrap_or(0));
+            match held.get(key) {
+                Some(at) if at.elapsed() < lease => false,
+                _ => {
+                    held.insert(key.to_owned(), Instant::now());
+                    true
+                }
+            }
+        };
+        if !reserved {
+            // Ours, and being worked on right now in this process (unless someone took an
+            // expired lease over and confirmed it meanwhile). Never an error: a caller
+            // must not give back a claim a running delivery holds.
+            return Ok(match self.read_state(key).await {
+                Ok(Some(row)) if row.state == CONFIRMED => ClaimOutcome::Duplicate,
+                _ => ClaimOutcome::InProgress,
+            });
+        }
+        let outcome = self.claim_in_table(key).await;
+        if !matches!(outcome, Ok(ClaimOutcome::Claimed)) {
+            self.held().remove(key);
+        }
+        outcome
+    }
+
+    /// Renews this owner's live claim on `key`: `true` when it was there to renew.
+    async fn reclaim(&self, key: &str, now: i64, lease_end: i64) -> Result<bool, StoreError> {
+        let sql = self.sql.reclaim.clone();
+        let n: u64 = on_pool!(&self.pool, p => sqlx::query(AssertSqlSafe(sql))
+            .bind(now)
+            .bind(lease_end)
+            .bind(key)
+            .bind(self.owner.as_str())
+            .execute(p)
+            .await
+            .map_err(unavailable)?
+            .rows_affected());
+        Ok(n == 1)
+    }
+
+    async fn claim_in_table(&self, key: &str) -> Result<ClaimOutcome, StoreError> {
         for _ in 0..CLAIM_ROUNDS {
             let now = now_millis();
             let lease_end = now.saturating_add(self.claim_timeout);
@@ -366,14 +455,25 @@ impl SqlIdempotencyStore {
             if inserted == 1 {
                 return Ok(ClaimOutcome::Claimed);
             }
-            let Some((state, expires_at)) = self.read_state(key).await.map_err(unavailable)? else {
+            let Some(row) = self.read_state(key).await.map_err(unavailable)? else {
                 // Released or purged between the insert and the read: try again.
                 continue;
             };
-            if state == CONFIRMED {
+            if row.state == CONFIRMED {
                 return Ok(ClaimOutcome::Duplicate);
             }
-            if expires_at >= now {
+            if row.expires_at >= now {
+                if row.claimed_by.as_deref() == Some(self.owner.as_str())
+                    && self.reclaim(key, now, lease_end).await?
+                {
+                    // Ours, and nobody here works on it (this instance reserved the id):
+                    // a claim whose reply was lost, or whose release failed.
+                    tracing::info!(
+                        message_id = key,
+                        "took back this store's own live idempotency claim (its reply or release was lost earlier)"
+                    );
+                    return Ok(ClaimOutcome::Claimed);
+                }
                 return Ok(ClaimOutcome::InProgress);
             }
             let sql = self.sql.takeover.clone();
@@ -396,7 +496,7 @@ impl SqlIdempotencyStore {
             }
             // Someone else took it over (or confirmed it) first.
             return Ok(match self.read_state(key).await.map_err(unavailable)? {
-                Some((s, _)) if s == CONFIRMED => ClaimOutcome::Duplicate,
+                Some(row) if row.state == CONFIRMED => ClaimOutcome::Duplicate,
                 _ => ClaimOutcome::InProgress,
             });
         }
@@ -407,6 +507,9 @@ impl SqlIdempotencyStore {
 
     async fn confirm_now(&self, key: &str) -> Result<(), StoreError> {
         check_key(key)?;
+        // Done with, whatever the answer: a confirm that fails leaves the row CLAIMED by
+        // this owner, and a later delivery of the id takes it back.
+        self.held().remove(key);
         let now = now_millis();
         let until = now.saturating_add(self.retention);
         let update = || async {
@@ -450,6 +553,7 @@ impl IdempotencyStore for SqlIdempotencyStore {
 
     fn release<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
+            self.held().remove(key);
             let sql = self.sql.release.clone();
             on_pool!(&self.pool, p => sqlx::query(AssertSqlSafe(sql))
                 .bind(key)
@@ -468,7 +572,7 @@ impl IdempotencyStore for SqlIdempotencyStore {
                 .read_state(key)
                 .await
                 .map_err(unavailable)?
-                .is_some_and(|(s, _)| s == CONFIRMED))
+                .is_some_and(|row| row.state == CONFIRMED))
         })
     }
 

@@ -262,6 +262,9 @@ async fn claimed_and_confirmed_rows_decide_what_the_consumer_does() {
     .await;
 }
 
+/// A store that cannot answer is our outage, not the message's failure (issue 11): the
+/// message is never handled without a claim and never acked, and it spends no attempt and
+/// is never dead-lettered for it; it waits, is put back, and health says why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_store_is_a_retry_never_a_silent_accept() {
     on_each_target(|target: Target| async move {
@@ -284,17 +287,33 @@ async fn an_unreachable_store_is_a_retry_never_a_silent_accept() {
             .await
             .unwrap();
         mq.publisher::<u32>("", &q).send(&1).await.unwrap();
-        let d = amqp_support::take_one(&**mq.transport(), &format!("{q}.dlq"), WAIT).await;
-        let reason = d.properties.headers["x-acemq-error"]
-            .as_str()
-            .unwrap()
-            .to_owned();
+        // Three put-backs (250 + 500 + 1000 ms): a policy of two attempts would have
+        // dead-lettered it at the second failure if the outage spent attempts.
+        eventually(WAIT, "put back three times", || async {
+            (consumer.stats().store_unavailable >= 3).then_some(())
+        })
+        .await;
+        let report = mq
+            .health()
+            .report(acemq::idempotency::HEALTH_COMPONENT)
+            .cloned()
+            .unwrap();
+        assert_eq!(report.status, acemq::health::HealthStatus::Degraded);
+        let reason = report.detail("error").unwrap_or_default().to_owned();
         assert!(reason.contains("idempotency store"), "{reason}");
         assert!(
             runs.lock().unwrap().is_empty(),
             "never handled without a claim"
         );
-        assert_eq!(consumer.stats().acked, 0);
+        let stats = consumer.stats();
+        assert_eq!(stats.acked, 0);
+        assert_eq!((stats.dead_lettered, stats.retried), (0, 0));
+        let dlq = mq
+            .transport()
+            .inspect_queue(&format!("{q}.dlq"))
+            .await
+            .unwrap();
+        assert_eq!(dlq.message_count, 0, "never dead-lettered for our outage");
         consumer.close().await;
         amqp_support::teardown(&mq, &q, &[]).await;
     })

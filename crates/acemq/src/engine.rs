@@ -33,9 +33,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use crate::envelope::{self, Envelope, origin_for};
 use crate::error::Error;
 use crate::headers::HeaderValue;
-use crate::health::{
-    Health, HealthContributor, HealthRegistry, HealthReport, HealthStatus, connection_report,
-};
+use crate::health::progress::{consumers_report, keyed_by_queue, store_report};
+use crate::health::{Health, HealthContributor, HealthRegistry, HealthStatus, connection_report};
 use crate::intercept::Interceptors;
 use crate::lifecycle::{ABANDON_AFTER, Lifecycle};
 use crate::retry::RetryPolicy;
@@ -259,7 +258,18 @@ impl Engine {
     // --- Health -------------------------------------------------------------------------
 
     /// The connection's health from local state only: the transport's status, handler
-    /// counts and pauses, the consumers, and every registered contributor.
+    /// counts and pauses, the consumers (with their progress), their idempotency stores,
+    /// and every registered contributor.
+    ///
+    /// The `consumers` report is Degraded when a consumer stopped on its own or is
+    /// *stalled* (it holds deliveries and settled none for its `stall_after`), with the
+    /// reason under `stopped.{queue}` / `stalled.{queue}`; per consumer it also gives
+    /// `{queue}.lastDelivery`, `{queue}.lastSettlement` (RFC 3339, UTC), `{queue}.inFlight`
+    /// (admitted, not finished), `{queue}.running`, `{queue}.waiting` (admitted, handler not
+    /// running: a wait or a move), `{queue}.held` (at the pause gate), `{queue}.movesFailing`
+    /// and `{queue}.setAsideFailed`. The `idempotency` report (present when a running
+    /// consumer uses a store) is Degraded while a store does not answer. Neither is ever
+    /// Down: Down is for a closed connection only.
     pub(crate) fn health(&self) -> Health {
         let lifecycle = &self.lifecycle;
         let mut extra = vec![
@@ -273,16 +283,12 @@ impl Engine {
         if self.publishing_paused() {
             extra.push(("publishing", "paused".into()));
         }
-        let stopped = lifecycle.stopped_consumers();
-        let mut consumers = if stopped.is_empty() {
-            HealthReport::up(CONSUMERS)
-        } else {
-            HealthReport::degraded(CONSUMERS)
-        };
-        consumers = consumers.with_detail("running", lifecycle.running_consumers().to_string());
-        for (queue, reason) in stopped {
-            consumers = consumers.with_detail(format!("stopped.{queue}"), reason);
-        }
+        let progress = keyed_by_queue(lifecycle.progress());
+        let consumers = consumers_report(
+            lifecycle.stopped_consumers(),
+            lifecycle.running_consumers(),
+            &progress,
+        );
         let status = self.transport.status();
         let mut connection = connection_report(&status, &extra);
         if !status.connected && self.transport.recovering() {
@@ -291,7 +297,9 @@ impl Engine {
             connection.status = HealthStatus::Degraded;
             connection = connection.with_detail("recovering", "true");
         }
-        self.health.evaluate_with([connection, consumers])
+        let store = store_report(&progress);
+        self.health
+            .evaluate_with([connection, consumers].into_iter().chain(store))
     }
 
     /// Adds a component to the health report.

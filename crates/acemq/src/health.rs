@@ -456,3 +456,5 @@ pub fn connection_report(status: &TransportStatus, extra: &[(&str, String)]) -> 
 
 #[cfg(test)]
 mod tests;
+
+pub(crate) mod progress;

@@ -6,10 +6,15 @@
 //! handlers, answer `false` on timeout), and closing (cancel the consumers first, hand held
 //! deliveries back at once, cut retry waits short, wait up to [`ABANDON_AFTER`] for running
 //! handlers, then close anyway: an abandoned handler's late ack is dropped, never sent).
+//!
+//! It also keeps what health reads about each consumer (`ConsumerControl`): why it
+//! stopped, if it stopped on its own, and its progress (`ConsumerProgress`: last delivery
+//! and settlement, deliveries held, stalled or not, its idempotency store's outage).
 
+use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
@@ -36,6 +41,52 @@ pub(crate) struct ConsumerControl {
     pub(crate) closing: CancellationToken,
     /// Set when the consumer's run loop has finished (its channel closed).
     pub(crate) done: watch::Receiver<bool>,
+    /// What health reads about its progress (the consumer's stats).
+    pub(crate) progress: Arc<dyn ReportsProgress>,
+}
+
+/// Something that can say how a consumer is progressing, from local state only.
+pub(crate) trait ReportsProgress: Send + Sync + fmt::Debug {
+    /// A snapshot, now.
+    fn progress(&self) -> ConsumerProgress;
+}
+
+/// How one consumer is progressing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct ConsumerProgress {
+    /// When it last got a delivery past the pause gate.
+    pub(crate) last_delivery: Option<SystemTime>,
+    /// When it last settled one (ack, nack, confirmed move).
+    pub(crate) last_settlement: Option<SystemTime>,
+    /// Deliveries admitted and not finished with (running or waiting).
+    pub(crate) in_hand: usize,
+    /// Of those, handlers running.
+    pub(crate) running: usize,
+    /// Deliveries waiting at the pause gate.
+    pub(crate) held: usize,
+    /// Deliveries whose move is failing now.
+    pub(crate) moves_failing: usize,
+    /// Moves that failed since it started.
+    pub(crate) set_aside_failed: u64,
+    /// `Some(quiet)`: it holds deliveries and has settled nothing for `quiet`, at least
+    /// `stall_after`.
+    pub(crate) stalled: Option<Duration>,
+    /// The quiet time after which it counts as stalled.
+    pub(crate) stall_after: Duration,
+    /// `None`: no idempotency store; `Some(None)`: the store answers; `Some(Some(o))`: it
+    /// does not.
+    pub(crate) store: Option<Option<StoreOutage>>,
+}
+
+/// An idempotency store that does not answer, as one consumer saw it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct StoreOutage {
+    /// The latest error.
+    pub(crate) error: String,
+    /// When the first call of the outage failed.
+    pub(crate) since: SystemTime,
+    /// Consecutive failed calls.
+    pub(crate) failures: u32,
 }
 
 impl ConsumerControl {
@@ -158,6 +209,15 @@ impl Lifecycle {
         self.controls()
             .iter()
             .filter_map(|c| c.stopped().map(|r| (c.queue.to_string(), r)))
+            .collect()
+    }
+
+    /// The progress of every running consumer: `(queue, progress)`.
+    pub(crate) fn progress(&self) -> Vec<(String, ConsumerProgress)> {
+        self.controls()
+            .iter()
+            .filter(|c| !*c.done.borrow())
+            .map(|c| (c.queue.to_string(), c.progress.progress()))
             .collect()
     }
 

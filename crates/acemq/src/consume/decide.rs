@@ -4,6 +4,23 @@
 //! Nothing here is async or does I/O; the only thing drawn from outside is the jitter of a
 //! consumer wait, from a random number generator the caller passes in. Carrying a decision
 //! out (publishing copies, acking) is the job of `consume::settle`.
+//!
+//! Two rules are about faults that are not the message's:
+//!
+//! - **Our own outages spend no attempt.** An idempotency store that cannot be asked gives
+//!   [`Decision::StoreUnavailable`]: the delivery waits ([`store_backoff`]: 250 ms doubling
+//!   to 30 s, by the consumer's consecutive store failures) and is put back on its queue
+//!   with its attempt unchanged, like an in-progress wait; it is never dead-lettered for it.
+//! - **Crash loops end.** On a quorum queue the broker counts in `x-delivery-count` how
+//!   often this message came back without a settlement (a consumer that crashed, was killed
+//!   or lost its connection; on RabbitMQ before 4.3 also every requeue). Those deliveries
+//!   count as attempts: the attempt the rules use is `x-acemq-attempt + x-delivery-count`,
+//!   and a delivery whose count already uses up the policy's attempts is dead-lettered
+//!   before its handler runs ([`crash_loop`]). Without a policy nothing ends a crash loop
+//!   (a failing message is retried forever anyway); the broker-side backstop is a
+//!   `delivery-limit` policy (docs/wire.md §6). On a classic queue only the redelivered
+//!   flag is known, which says "at least once before" but not how often: it changes
+//!   nothing.
 
 use std::time::Duration;
 
@@ -11,8 +28,10 @@ use rand::Rng;
 
 use super::handler::{HandlerError, Kind};
 use crate::envelope::Envelope;
+use crate::headers::HeaderValue;
 use crate::retry::{RetryPolicy, Wait};
 use crate::topology::render_delay;
+use crate::transport::Delivery;
 
 /// Reason texts are cut to this many bytes (with a marker) so a republish never outgrows
 /// the broker's frame size.
@@ -35,6 +54,12 @@ pub(crate) enum Outcome {
     Duplicate,
     /// The idempotency store says another consumer holds a live claim on this id.
     InProgress,
+    /// The idempotency store could not be asked: our outage, not the message's failure.
+    /// `failures` counts the consumer's consecutive failed store calls, this one included.
+    StoreUnavailable {
+        /// Consecutive failed store calls (at least 1).
+        failures: u32,
+    },
 }
 
 /// Why a message goes to `{q}.dlq`.
@@ -80,6 +105,33 @@ pub enum Decision {
     /// Someone else is working on it: wait, then republish to the same queue with the
     /// attempt unchanged (no attempt spent, never dead-lettered).
     InProgress(Duration),
+    /// The idempotency store could not be asked (our outage): wait, then republish to the
+    /// same queue with the attempt unchanged, like [`Decision::InProgress`] (no attempt
+    /// spent, never dead-lettered); the wait is [`store_backoff`].
+    StoreUnavailable(Duration),
+}
+
+/// The first wait of a delivery put back because the idempotency store could not be asked.
+pub const STORE_RETRY_INITIAL: Duration = Duration::from_millis(250);
+
+/// The longest wait of a delivery put back because the idempotency store could not be asked.
+pub const STORE_RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// The wait after the consumer's `failures`-th consecutive failed idempotency store call:
+/// [`STORE_RETRY_INITIAL`] doubling per failure, capped at [`STORE_RETRY_MAX`].
+///
+/// ```
+/// use acemq::consume::store_backoff;
+/// use std::time::Duration;
+/// assert_eq!(store_backoff(1), Duration::from_millis(250));
+/// assert_eq!(store_backoff(3), Duration::from_secs(1));
+/// assert_eq!(store_backoff(50), Duration::from_secs(30));
+/// ```
+pub fn store_backoff(failures: u32) -> Duration {
+    let doublings = failures.saturating_sub(1).min(16);
+    STORE_RETRY_INITIAL
+        .saturating_mul(1u32 << doublings)
+        .min(STORE_RETRY_MAX)
 }
 
 /// A consumer's settlement rules: its policy and the two waits that are not the policy's.
@@ -93,22 +145,73 @@ pub(crate) struct Rules {
     pub(crate) in_progress_delay: Duration,
 }
 
-/// What the rules read from a delivery's envelope: its attempt (1 for the first delivery)
-/// and its age since the first publish (`None` when unknown).
+/// The quorum queue header counting how often a message came back without a settlement.
+pub(crate) const DELIVERY_COUNT: &str = "x-delivery-count";
+
+/// What the rules read from a delivery: its attempt (`x-acemq-attempt`, 1 for the first
+/// delivery), its age since the first publish (`None` when unknown), how often the broker
+/// says this message came back without a settlement (`x-delivery-count` on quorum queues,
+/// 0 when absent) and its redelivered flag.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Facts {
     pub(crate) attempt: u32,
     pub(crate) age: Option<Duration>,
+    pub(crate) returned: u32,
+    pub(crate) redelivered: bool,
 }
 
 impl Facts {
-    /// Reads the attempt and age (now minus first-seen) of an envelope.
+    /// Reads the attempt and age (now minus first-seen) of an envelope; nothing about the
+    /// broker's redeliveries.
     pub(crate) fn of(envelope: &Envelope) -> Facts {
         Facts {
             attempt: u32::try_from(envelope.attempt()).unwrap_or(1),
             age: envelope.age(),
+            returned: 0,
+            redelivered: false,
         }
     }
+
+    /// Reads an envelope and the broker's redelivery facts of its delivery.
+    pub(crate) fn of_delivery(envelope: &Envelope, d: &Delivery) -> Facts {
+        let returned = d
+            .properties
+            .headers
+            .get(DELIVERY_COUNT)
+            .and_then(HeaderValue::as_i64)
+            .and_then(|n| u32::try_from(n).ok())
+            .unwrap_or(0);
+        Facts {
+            returned,
+            redelivered: d.redelivered,
+            ..Facts::of(envelope)
+        }
+    }
+
+    /// The attempt the rules use: the envelope's attempt plus the deliveries the broker
+    /// counted that ended without a settlement (crashes count as attempts).
+    pub(crate) fn spent(&self) -> u32 {
+        self.attempt.saturating_add(self.returned)
+    }
+}
+
+/// Crash-loop protection, checked before anything else runs: a delivery whose unsettled
+/// returns (`x-delivery-count`) already use up the policy's attempts is dead-lettered
+/// without running its handler. `None`: go ahead. Without a policy, or without a count
+/// (classic queues: the redelivered flag alone says nothing about how often), never.
+pub(crate) fn crash_loop(facts: Facts, rules: &Rules) -> Option<Decision> {
+    let policy = rules.policy.as_ref()?;
+    if facts.returned == 0 || facts.spent() <= policy.max_attempts() {
+        return None;
+    }
+    Some(Decision::DeadLetter {
+        reason: bounded(format!(
+            "exhausted {} attempts: delivered {} times without a settlement (the consumer crashed or lost its connection)",
+            policy.max_attempts(),
+            facts.returned
+        )),
+        kind: DeadLetterKind::Exhausted,
+    })
 }
 
 /// Decides a delivery's fate from what happened, its attempt and age, and the rules.
@@ -122,13 +225,19 @@ pub(crate) fn decide<R: Rng + ?Sized>(
         Outcome::Handled => Decision::Ack,
         Outcome::Duplicate => Decision::Duplicate,
         Outcome::InProgress => Decision::InProgress(rules.in_progress_delay),
+        Outcome::StoreUnavailable { failures } => {
+            Decision::StoreUnavailable(store_backoff(*failures))
+        }
         Outcome::Undecodable(e) => Decision::Park {
             reason: bounded(format!("could not be decoded: {e}")),
         },
         Outcome::Failed(err) => match err.kind {
             Kind::Retry => failure(
                 &err.reason,
-                facts,
+                Facts {
+                    attempt: facts.spent(),
+                    ..facts
+                },
                 rules.policy.as_ref(),
                 rules.no_policy_delay,
                 rng,
@@ -184,7 +293,7 @@ pub fn decide_failure(
 
 fn failure<R: Rng + ?Sized>(
     error: &str,
-    Facts { attempt, age }: Facts,
+    Facts { attempt, age, .. }: Facts,
     policy: Option<&RetryPolicy>,
     no_policy_delay: Duration,
     rng: &mut R,
@@ -233,254 +342,4 @@ pub fn bounded(reason: String) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    //! The rules as a table: no broker, no runtime, no clock (attempt and age are inputs,
-    //! the jitter generator is seeded and the policies used here have none anyway).
-
-    use super::*;
-    use rand::SeedableRng;
-    use rand::rngs::StdRng;
-
-    const S: fn(u64) -> Duration = Duration::from_secs;
-
-    fn retry_in_consumer(secs: u64) -> Decision {
-        Decision::Retry(Wait {
-            delay: S(secs),
-            in_broker: false,
-        })
-    }
-
-    fn retry_in_broker(secs: u64) -> Decision {
-        Decision::Retry(Wait {
-            delay: S(secs),
-            in_broker: true,
-        })
-    }
-
-    fn dead_letter(reason: &str, kind: DeadLetterKind) -> Decision {
-        Decision::DeadLetter {
-            reason: reason.into(),
-            kind,
-        }
-    }
-
-    fn failed(e: HandlerError) -> impl Fn() -> Outcome {
-        let (kind, reason) = (e.kind, e.reason);
-        move || {
-            Outcome::Failed(HandlerError {
-                kind,
-                reason: reason.clone(),
-            })
-        }
-    }
-
-    #[test]
-    fn the_settlement_rules_as_a_table() {
-        let fixed_1s = RetryPolicy::fixed(3, S(1)).unwrap();
-        let fixed_60s = RetryPolicy::fixed(3, S(60)).unwrap();
-        let aged = RetryPolicy::fixed(5, S(1)).unwrap().give_up_after(S(10));
-        let none = RetryPolicy::none();
-        type Make = Box<dyn Fn() -> Outcome>;
-        // (what happened, attempt, age, policy, expected decision)
-        type Row<'a> = (
-            Make,
-            u32,
-            Option<Duration>,
-            Option<&'a RetryPolicy>,
-            Decision,
-        );
-        let table: Vec<Row<'_>> = vec![
-            (
-                Box::new(|| Outcome::Handled),
-                1,
-                None,
-                Some(&fixed_1s),
-                Decision::Ack,
-            ),
-            (
-                Box::new(|| Outcome::Handled),
-                9,
-                Some(S(99)),
-                Some(&aged),
-                Decision::Ack,
-            ),
-            (
-                Box::new(|| Outcome::Duplicate),
-                1,
-                None,
-                None,
-                Decision::Duplicate,
-            ),
-            (
-                Box::new(|| Outcome::InProgress),
-                3,
-                None,
-                Some(&fixed_1s),
-                Decision::InProgress(S(7)),
-            ),
-            (
-                Box::new(|| Outcome::Undecodable("bad json".into())),
-                1,
-                None,
-                Some(&fixed_1s),
-                Decision::Park {
-                    reason: "could not be decoded: bad json".into(),
-                },
-            ),
-            // Ordinary failures: the policy decides.
-            (
-                Box::new(failed(HandlerError::retry("boom"))),
-                1,
-                None,
-                None,
-                retry_in_consumer(5),
-            ),
-            (
-                Box::new(failed(HandlerError::retry("boom"))),
-                1000,
-                Some(S(1 << 30)),
-                None,
-                retry_in_consumer(5),
-            ),
-            (
-                Box::new(failed(HandlerError::retry("boom"))),
-                1,
-                None,
-                Some(&fixed_1s),
-                retry_in_consumer(1),
-            ),
-            (
-                Box::new(failed(HandlerError::retry("boom"))),
-                2,
-                None,
-                Some(&fixed_60s),
-                retry_in_broker(60),
-            ),
-            (
-                Box::new(failed(HandlerError::retry("boom"))),
-                3,
-                None,
-                Some(&fixed_1s),
-                dead_letter("exhausted 3 attempts: boom", DeadLetterKind::Exhausted),
-            ),
-            (
-                Box::new(failed(HandlerError::retry("boom"))),
-                2,
-                Some(S(9)),
-                Some(&aged),
-                retry_in_consumer(1),
-            ),
-            (
-                Box::new(failed(HandlerError::retry("boom"))),
-                2,
-                Some(S(11)),
-                Some(&aged),
-                dead_letter(
-                    "exceeded the maximum message age of 10s: boom",
-                    DeadLetterKind::Exhausted,
-                ),
-            ),
-            (
-                Box::new(failed(HandlerError::retry("boom"))),
-                1,
-                None,
-                Some(&none),
-                dead_letter("exhausted 1 attempts: boom", DeadLetterKind::Exhausted),
-            ),
-            // What the handler asked for, whatever the policy.
-            (
-                Box::new(failed(HandlerError::fatal("no such sku"))),
-                1,
-                None,
-                Some(&fixed_1s),
-                dead_letter(
-                    "the handler reported an unprocessable message: no such sku",
-                    DeadLetterKind::Unprocessable,
-                ),
-            ),
-            (
-                Box::new(failed(HandlerError::dead_letter("stop"))),
-                1,
-                None,
-                None,
-                dead_letter(
-                    "the handler dead-lettered the message: stop",
-                    DeadLetterKind::Requested,
-                ),
-            ),
-            (
-                Box::new(failed(HandlerError::park("later"))),
-                2,
-                None,
-                Some(&fixed_1s),
-                Decision::Park {
-                    reason: "the handler parked the message: later".into(),
-                },
-            ),
-            (
-                Box::new(failed(HandlerError::release())),
-                3,
-                None,
-                Some(&fixed_1s),
-                Decision::Release,
-            ),
-        ];
-        let mut rng = StdRng::seed_from_u64(7);
-        for (i, (outcome, attempt, age, policy, expected)) in table.into_iter().enumerate() {
-            let rules = Rules {
-                policy: policy.cloned(),
-                no_policy_delay: S(5),
-                in_progress_delay: S(7),
-            };
-            let got = decide(&outcome(), Facts { attempt, age }, &rules, &mut rng);
-            assert_eq!(
-                got, expected,
-                "row {i}: attempt {attempt}, age {age:?}, policy {policy:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn every_reason_is_bounded() {
-        let huge = "x".repeat(100_000);
-        let rules = Rules {
-            policy: Some(RetryPolicy::none()),
-            no_policy_delay: S(5),
-            in_progress_delay: S(5),
-        };
-        let mut rng = StdRng::seed_from_u64(1);
-        let facts = Facts {
-            attempt: 1,
-            age: None,
-        };
-        for e in [
-            HandlerError::retry(&huge),
-            HandlerError::fatal(&huge),
-            HandlerError::dead_letter(&huge),
-            HandlerError::park(&huge),
-        ] {
-            match decide(&Outcome::Failed(e), facts, &rules, &mut rng) {
-                Decision::DeadLetter { reason, .. } | Decision::Park { reason } => {
-                    assert!(reason.len() <= MAX_REASON_BYTES, "{}", reason.len());
-                    assert!(reason.ends_with("... [truncated]"));
-                }
-                other => panic!("expected a move with a reason, got {other:?}"),
-            }
-        }
-        let parked = decide(&Outcome::Undecodable(huge), facts, &rules, &mut rng);
-        assert!(matches!(parked, Decision::Park { reason } if reason.len() <= MAX_REASON_BYTES));
-    }
-
-    #[test]
-    fn bounded_cuts_on_a_character_boundary() {
-        let short = "é".repeat(10);
-        assert_eq!(bounded(short.clone()), short);
-        let cut = bounded("é".repeat(MAX_REASON_BYTES));
-        assert!(cut.len() <= MAX_REASON_BYTES);
-        assert!(cut.ends_with("... [truncated]"));
-        assert_eq!(
-            bounded("a".repeat(MAX_REASON_BYTES)).len(),
-            MAX_REASON_BYTES
-        );
-    }
-}
+mod tests;

@@ -1,5 +1,15 @@
 //! One delivery, from the subscription to its settlement, as its steps:
-//! admit → decode → guarded run (interceptors, claim, handler) → decide → settle → release.
+//! admit → crash-loop check → decode → guarded run (interceptors, claim, handler) → decide
+//! → settle → release.
+//!
+//! The idempotency claim is where our own outages meet the message: a store that cannot
+//! be asked puts the delivery back without spending an attempt (`Outcome::StoreUnavailable`,
+//! counted in health through the consumer's stats), and after a failed claim the claim is
+//! given back best effort, because the store may have committed it and lost only its
+//! reply (otherwise the message would wait "in progress" for a whole lease). The id is held
+//! in this process ([`InHand`]) from before the claim to the end of the handling, so that
+//! give-back never touches a claim a running delivery holds, and two deliveries of one id
+//! never run here at once.
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -11,7 +21,7 @@ use futures::FutureExt;
 use tokio::sync::OwnedSemaphorePermit;
 use tracing::Instrument;
 
-use super::decide::{Decision, Facts, Outcome, Rules, decide};
+use super::decide::{DELIVERY_COUNT, Decision, Facts, Outcome, Rules, crash_loop, decide};
 use super::handler::HandlerError;
 use super::message::Message;
 use super::settle::{AckRun, Settler};
@@ -19,7 +29,7 @@ use super::stats::Observed;
 use crate::codec::Decoder;
 use crate::envelope::{Envelope, application_headers};
 use crate::error::Error;
-use crate::idempotency::{ClaimOutcome, IdempotencyStore};
+use crate::idempotency::{ClaimOutcome, IdempotencyStore, InHand, StoreError};
 use crate::intercept::{ConsumeContext, HandleResult};
 use crate::lifecycle::{Gate, Lifecycle};
 use crate::observe::trace::{self, TraceContext};
@@ -57,13 +67,42 @@ pub(super) async fn handle<T, F, Fut>(
     if !admit(&ctx, &d, acks.as_deref_mut()).await {
         return;
     }
-    let envelope = Arc::new(Envelope::read(&d.properties, &d.routing_key));
+    let read = Envelope::read(&d.properties, &d.routing_key);
+    let facts = Facts::of_delivery(&read, &d);
+    // The broker's count belongs to this delivery, not to the copies settlement publishes
+    // (they carry it in their attempt instead); a copy keeping it would count it twice.
+    let mut d = d;
+    d.properties.headers.remove(DELIVERY_COUNT);
+    // The attempt copies carry counts the broker's unsettled returns (crashes) too.
+    let envelope = Arc::new(if facts.returned > 0 {
+        let spent = i32::try_from(facts.spent()).unwrap_or(i32::MAX);
+        read.with_attempt(spent)
+    } else {
+        read
+    });
     let (seen, trace_ctx) = observe(&ctx, &d, &envelope);
-    let outcome = match decode(&ctx, &d) {
-        Err(reason) => Outcome::Undecodable(reason),
-        Ok(payload) => guarded_run(&ctx, &d, &envelope, payload, &seen, trace_ctx).await,
+    let decision = match crash_loop(facts, &ctx.rules) {
+        Some(dead) => {
+            tracing::warn!(queue = %ctx.settler.queue, message_id = envelope.id(), returned = facts.returned, "dead-lettering a message that keeps coming back without a settlement; its handler does not run");
+            dead
+        }
+        None => {
+            let outcome = match decode(&ctx, &d) {
+                Err(reason) => Outcome::Undecodable(reason),
+                Ok(payload) => guarded_run(&ctx, &d, &envelope, payload, &seen, trace_ctx).await,
+            };
+            decide(&outcome, facts, &ctx.rules, &mut rand::rng())
+        }
     };
-    let decision = decide(&outcome, Facts::of(&envelope), &ctx.rules, &mut rand::rng());
+    let envelope = match &decision {
+        // Dead-lettered before running: it keeps the last attempt that ran.
+        Decision::DeadLetter { .. } if facts.returned > 0 => Arc::new(
+            (*envelope)
+                .clone()
+                .with_attempt(envelope.attempt().saturating_sub(1).max(1)),
+        ),
+        _ => envelope,
+    };
     settle(&ctx, d, &envelope, decision, &seen, acks).await;
     release(&ctx, &seen);
 }
@@ -80,7 +119,10 @@ async fn admit<T, F>(ctx: &Ctx<T, F>, d: &Delivery, mut acks: Option<&mut AckRun
             if let Some(acks) = acks.as_deref_mut() {
                 ctx.settler.flush(acks).await;
             }
-            gate.await
+            ctx.settler.stats.held_at_gate(true);
+            let g = gate.await;
+            ctx.settler.stats.held_at_gate(false);
+            g
         }
     };
     if !d.acker.is_live() {
@@ -102,6 +144,7 @@ async fn admit<T, F>(ctx: &Ctx<T, F>, d: &Delivery, mut acks: Option<&mut AckRun
     }
     ctx.lifecycle().handler_started();
     ctx.in_flight.fetch_add(1, Ordering::SeqCst);
+    ctx.settler.stats.delivery_started();
     true
 }
 
@@ -158,18 +201,13 @@ where
         headers: &headers,
     };
     let refused = chain.iter().find_map(|i| i.before_handle(&cx).err());
-    let claim = match (&refused, &ctx.idempotency) {
-        (None, Some(store)) => Some(store.try_claim(envelope.id()).await),
-        _ => None,
+    let claim = match refused {
+        Some(e) => Claim::Settle(Outcome::Failed(e)),
+        None => claim(ctx, envelope.id()).await,
     };
-    let outcome = match (refused, claim) {
-        (Some(e), _) => Outcome::Failed(e),
-        (None, Some(Ok(ClaimOutcome::Duplicate))) => Outcome::Duplicate,
-        (None, Some(Ok(ClaimOutcome::InProgress))) => Outcome::InProgress,
-        (None, Some(Err(e))) => Outcome::Failed(HandlerError::retry(format!(
-            "the idempotency store could not be asked: {e}"
-        ))),
-        (None, Some(Ok(_))) | (None, None) => {
+    let outcome = match claim {
+        Claim::Settle(outcome) => outcome,
+        Claim::Run(held) => {
             let message = Message {
                 payload,
                 envelope: envelope.clone(),
@@ -181,12 +219,15 @@ where
                 content_type: d.properties.content_type.clone(),
                 cancellation: ctx.settler.closing.child_token(),
             };
+            ctx.settler.stats.handler_running(true);
             let outcome = trace::scope(trace_ctx, run_handler(&ctx.handler, message))
                 .instrument(seen.span.clone())
                 .await;
+            ctx.settler.stats.handler_running(false);
             if let Some(store) = &ctx.idempotency {
-                record_claim(&**store, envelope.id(), &outcome).await;
+                record_claim(ctx, &**store, envelope.id(), &outcome).await;
             }
+            drop(held);
             outcome
         }
     };
@@ -198,6 +239,60 @@ where
         i.after_handle(&cx, &result);
     }
     outcome
+}
+
+/// What the claim step says: run the handler (holding the id in this process while it
+/// runs, when there is a store), or settle without running it.
+enum Claim {
+    Run(Option<InHand>),
+    Settle(Outcome),
+}
+
+/// Claims `id` in the consumer's idempotency store, if it has one.
+///
+/// - Held by another delivery in this process: in progress, without asking the store.
+/// - The store cannot be asked: our outage, [`Outcome::StoreUnavailable`] (no attempt
+///   spent). The claim may still have been committed with only its reply lost, so it is
+///   given back (`release`, best effort: it removes only this owner's unconfirmed claim,
+///   and no other delivery here holds the id). If that fails too, the claim stays until a
+///   later delivery of the id finds it (a store that knows its owner takes its own claim
+///   over: see `acemq-sql`) or its lease runs out.
+/// - An id the store refuses as a key: the message can never be claimed, so it is
+///   unprocessable.
+async fn claim<T, F>(ctx: &Ctx<T, F>, id: &str) -> Claim {
+    let Some(store) = &ctx.idempotency else {
+        return Claim::Run(None);
+    };
+    let stats = &ctx.settler.stats;
+    let Some(held) = InHand::enter(store, id) else {
+        return Claim::Settle(Outcome::InProgress);
+    };
+    match store.try_claim(id).await {
+        Ok(ClaimOutcome::Claimed) => {
+            stats.store_answered();
+            Claim::Run(Some(held))
+        }
+        Ok(ClaimOutcome::Duplicate) => {
+            stats.store_answered();
+            Claim::Settle(Outcome::Duplicate)
+        }
+        Ok(_) => {
+            stats.store_answered();
+            Claim::Settle(Outcome::InProgress)
+        }
+        Err(StoreError::Invalid(e)) => Claim::Settle(Outcome::Failed(HandlerError::fatal(
+            format!("the message id cannot be used as an idempotency key: {e}"),
+        ))),
+        Err(e) => {
+            let failures = stats.store_failed(&e.to_string());
+            tracing::warn!(queue = %ctx.settler.queue, message_id = id, error = %e, failures, "the idempotency store could not be asked; the delivery waits and is put back without spending an attempt");
+            if let Err(again) = store.release(id).await {
+                tracing::debug!(message_id = id, error = %again, "could not give back a claim whose reply may have been lost");
+            }
+            drop(held);
+            Claim::Settle(Outcome::StoreUnavailable { failures })
+        }
+    }
 }
 
 /// Carries the decision out: into the ack run when there is one, at once otherwise.
@@ -221,21 +316,35 @@ async fn settle<T, F>(
 
 /// The delivery is settled: no longer in flight.
 fn release<T, F>(ctx: &Ctx<T, F>, seen: &Observed) {
+    ctx.settler.stats.delivery_done();
     seen.series.in_flight(-1);
     ctx.lifecycle().handler_finished();
     ctx.in_flight.fetch_sub(1, Ordering::SeqCst);
 }
 
 /// Confirms the claim after success; releases it after a failure (then the policy decides).
-/// A confirm that fails leaves the claim to expire: the work is done, so the message is
-/// still acked, and a redelivery after the lease would run the handler again.
-async fn record_claim(store: &dyn IdempotencyStore, id: &str, outcome: &Outcome) {
+/// A confirm that fails leaves the claim behind: the work is done, so the message is
+/// still acked, and a redelivery may run the handler again (once this owner's store takes
+/// its own claim over, or after the lease). Either call's result tells health whether the
+/// store answers.
+async fn record_claim<T, F>(
+    ctx: &Ctx<T, F>,
+    store: &dyn IdempotencyStore,
+    id: &str,
+    outcome: &Outcome,
+) {
     let result = match outcome {
         Outcome::Handled => store.confirm(id).await,
         _ => store.release(id).await,
     };
-    if let Err(e) = result {
-        tracing::warn!(message_id = id, error = %e, "idempotency store update failed; the claim will expire on its own");
+    match result {
+        Ok(()) => ctx.settler.stats.store_answered(),
+        Err(e) => {
+            if matches!(e, StoreError::Unavailable(_)) {
+                ctx.settler.stats.store_failed(&e.to_string());
+            }
+            tracing::warn!(message_id = id, error = %e, "idempotency store update failed; the claim stays until it is taken over or expires");
+        }
     }
 }
 

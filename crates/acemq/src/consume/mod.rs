@@ -36,14 +36,14 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub use decide::{
-    DEFAULT_RETRY_DELAY_WITHOUT_POLICY, DeadLetterKind, Decision, MAX_REASON_BYTES, bounded,
-    decide_failure,
+    DEFAULT_RETRY_DELAY_WITHOUT_POLICY, DeadLetterKind, Decision, MAX_REASON_BYTES,
+    STORE_RETRY_INITIAL, STORE_RETRY_MAX, bounded, decide_failure, store_backoff,
 };
 pub use handler::HandlerError;
 pub use message::Message;
 pub use moves::{MOVE_RETRY_MAX, MoveStatus, SET_ASIDE_PAUSE};
 pub use options::{ConsumerOptions, DEFAULT_IN_PROGRESS_DELAY, DEFAULT_PREFETCH};
-pub use stats::ConsumerStats;
+pub use stats::{ConsumerStats, DEFAULT_STALL_AFTER};
 
 use crate::codec::Decoder;
 use crate::engine::Engine;
@@ -150,7 +150,7 @@ where
     };
     let subscription = engine.transport.consume(spec.clone()).await?;
     let queue: Arc<str> = Arc::from(queue);
-    let stats = Arc::new(Stats::default());
+    let stats = Arc::new(options.stats());
     let in_flight = Arc::new(AtomicUsize::new(0));
     let stop = CancellationToken::new();
     let closing = CancellationToken::new();
@@ -176,6 +176,7 @@ where
         closing,
         done,
         ended: std::sync::Mutex::new(None),
+        progress: stats.clone(),
     });
     engine.lifecycle.register(control.clone());
     let watched = control.clone();

@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::decide::{DEFAULT_RETRY_DELAY_WITHOUT_POLICY, Rules};
+use super::stats::{DEFAULT_STALL_AFTER, Stats};
 use crate::idempotency::IdempotencyStore;
 use crate::retry::RetryPolicy;
 
@@ -35,6 +36,7 @@ pub struct ConsumerOptions {
     retry_delay_without_policy: Duration,
     pub(super) idempotency: Option<Arc<dyn IdempotencyStore>>,
     in_progress_delay: Duration,
+    stall_after: Duration,
 }
 
 impl std::fmt::Debug for ConsumerOptions {
@@ -49,6 +51,7 @@ impl std::fmt::Debug for ConsumerOptions {
             )
             .field("idempotent", &self.idempotency.is_some())
             .field("in_progress_delay", &self.in_progress_delay)
+            .field("stall_after", &self.stall_after)
             .finish()
     }
 }
@@ -62,6 +65,7 @@ impl Default for ConsumerOptions {
             retry_delay_without_policy: DEFAULT_RETRY_DELAY_WITHOUT_POLICY,
             idempotency: None,
             in_progress_delay: DEFAULT_IN_PROGRESS_DELAY,
+            stall_after: DEFAULT_STALL_AFTER,
         }
     }
 }
@@ -106,6 +110,27 @@ impl ConsumerOptions {
         self.in_progress_delay = delay;
         self
     }
+    /// How long a consumer may hold deliveries without settling any before health calls
+    /// it *stalled* (default 5 minutes; at least 1 ms). A stalled consumer is reported
+    /// `Degraded` under the `consumers` component with the reason (`stalled.{queue}`),
+    /// never `Down`: a handler stuck on a dependency is not fixed by a restart. Set it
+    /// above your slowest handler plus its longest wait.
+    ///
+    /// ```
+    /// use acemq::consume::ConsumerOptions;
+    /// use std::time::Duration;
+    /// let o = ConsumerOptions::default().stall_after(Duration::from_secs(60));
+    /// assert_eq!(o.stall_threshold(), Duration::from_secs(60));
+    /// assert_eq!(ConsumerOptions::default().stall_threshold(), acemq::consume::DEFAULT_STALL_AFTER);
+    /// ```
+    pub fn stall_after(mut self, quiet: Duration) -> Self {
+        self.stall_after = quiet.max(Duration::from_millis(1));
+        self
+    }
+    /// The configured [`ConsumerOptions::stall_after`].
+    pub fn stall_threshold(&self) -> Duration {
+        self.stall_after
+    }
     /// The former name of [`ConsumerOptions::in_progress_delay`].
     #[deprecated(since = "0.1.1", note = "use `ConsumerOptions::in_progress_delay`")]
     pub fn with_in_progress_delay(self, delay: Duration) -> Self {
@@ -128,6 +153,11 @@ impl ConsumerOptions {
     #[deprecated(since = "0.1.1", note = "use `ConsumerOptions::retry_policy`")]
     pub fn get_retry(&self) -> Option<&RetryPolicy> {
         self.retry_policy()
+    }
+
+    /// The stats (counters and progress) of a consumer with these options.
+    pub(super) fn stats(&self) -> Stats {
+        Stats::new(self.stall_after, self.idempotency.is_some())
     }
 
     /// The settlement rules these options give.

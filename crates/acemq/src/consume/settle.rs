@@ -86,9 +86,9 @@ impl Settler {
             engine,
             metrics: Arc::new(ConsumerMetrics::new(queue.clone())),
             queue,
+            moves: stats.moves.clone(),
             stats,
             closing,
-            moves: Arc::default(),
             waits: TaskTracker::new(),
             in_flight,
         }
@@ -110,13 +110,17 @@ impl Settler {
             Decision::Ack => now(self.send(&d, ACK, Counter::Acked).await),
             Decision::Release => now(self.send(&d, REQUEUE, Counter::Released).await),
             Decision::Duplicate => now(self.send(&d, ACK, Counter::Duplicate).await),
-            Decision::InProgress(delay) => {
+            Decision::InProgress(delay) | Decision::StoreUnavailable(delay) => {
+                let counter = match decision {
+                    Decision::StoreUnavailable(_) => Counter::StoreUnavailable,
+                    _ => Counter::InProgress,
+                };
                 let copy = self.engine.copy_with(&d, &self.queue, envelope);
                 Step::Later(Box::new(Later {
                     d,
                     wait: Some(delay),
                     copy,
-                    counter: Counter::InProgress,
+                    counter,
                     failed: None,
                 }))
             }

@@ -3,6 +3,7 @@
 //!
 #![doc = include_str!("../../../../docs/idempotency.md")]
 
+mod in_hand;
 mod memory;
 
 use std::sync::Arc;
@@ -10,7 +11,13 @@ use std::time::Duration;
 
 use crate::transport::BoxFuture;
 
+pub(crate) use in_hand::InHand;
 pub use memory::{DEFAULT_MAX_ENTRIES, InMemoryIdempotencyStore};
+
+/// The name of the health component that reports the idempotency stores of a
+/// connection's consumers: `Degraded` while a store does not answer (with the error, since
+/// when, and the consumers it affects), `Up` again after its next successful call.
+pub const HEALTH_COMPONENT: &str = "idempotency";
 
 /// How long an unconfirmed claim is honoured before another consumer may take it over:
 /// five minutes, the same figure every AceMQ library uses.
@@ -48,10 +55,13 @@ pub enum ClaimOutcome {
 #[non_exhaustive]
 pub enum StoreError {
     /// The backing store could not be reached or refused the statement. Nothing can be
-    /// concluded about the message: treat it as a failure and let it be retried.
+    /// concluded about the message. A consumer treats it as its own outage, not the
+    /// message's failure: the delivery waits (250 ms doubling to 30 s) and is put back
+    /// with its attempt unchanged, and health reports the store `Degraded`.
     #[error("idempotency store unavailable: {0}; the message's state is unknown, retry it later")]
     Unavailable(String),
-    /// A key, table name or option was not acceptable.
+    /// A key, table name or option was not acceptable. A consumer whose message id is not
+    /// an acceptable key dead-letters the message as unprocessable.
     #[error("invalid idempotency store input: {0}")]
     Invalid(String),
 }
