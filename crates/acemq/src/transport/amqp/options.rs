@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::transport::recovery::RecoveryPolicy;
 
-/// Options for [`AmqpTransport::connect_with`].
+/// Options for [`AmqpTransport::connect_with`](super::AmqpTransport::connect_with).
 ///
 /// ```
 /// use std::time::Duration;

@@ -1,6 +1,6 @@
 //! W3C trace context in message headers, and the family's spans, without an OpenTelemetry SDK.
 //!
-#![doc = include_str!("../../../../docs/trace.md")]
+#![doc = include_str!("../../../../../docs/trace.md")]
 
 use std::fmt;
 use std::future::Future;
