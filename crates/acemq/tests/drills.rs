@@ -37,7 +37,7 @@ use acemq::transport::memory::MemoryTransport;
 use drills::broker::{
     AppStopped, Cluster, DrillTarget, close_our_connections_async, our_connections, queue_members,
 };
-use drills::connect::{connect_cluster, connect_named, drill_name};
+use drills::connect::{connect_cluster, connect_named, connect_named_with_heartbeat, drill_name};
 use drills::proxy::Proxy;
 use drills::resources::Resources;
 use drills::run::Drill;
@@ -70,7 +70,7 @@ fn split_url(url: &str) -> (String, String, String) {
     (format!("{scheme}://{user}"), host, rest[end..].to_owned())
 }
 
-/// `url` through `127.0.0.1:port`, with `query` (e.g. `heartbeat=2`) added.
+/// `url` through `127.0.0.1:port`, with `query` (e.g. `heartbeat=2`) added unless empty.
 fn via(url: &str, port: u16, query: &str) -> String {
     let (head, _, tail) = split_url(url);
     let tail = if tail.is_empty() {
@@ -78,6 +78,9 @@ fn via(url: &str, port: u16, query: &str) -> String {
     } else {
         tail
     };
+    if query.is_empty() {
+        return format!("{head}127.0.0.1:{port}{tail}");
+    }
     let sep = if tail.contains('?') { '&' } else { '?' };
     format!("{head}127.0.0.1:{port}{tail}{sep}{query}")
 }
@@ -101,6 +104,10 @@ fn urls_are_rewritten_through_the_proxy() {
         "amqp://127.0.0.1:1?frame_max=8192&heartbeat=2"
     );
     assert_eq!(split_url("amqp://localhost").1, "localhost:5672");
+    assert_eq!(
+        via("amqp://guest:guest@127.0.0.1:5672/%2f", 4000, ""),
+        "amqp://guest:guest@127.0.0.1:4000/%2f"
+    );
 }
 
 /// The harness itself, with no fault: everything confirmed is handled, nothing lost, no
@@ -292,7 +299,8 @@ async fn drill_broker_restart() {
 }
 
 /// (c) A network cut without a close (the proxy stops forwarding, sockets stay open), so
-/// only heartbeats (2 s, from the URL) can notice; then the network comes back.
+/// only heartbeats (2 s, from `ConnectionOptions::heartbeat`) can notice; then the network
+/// comes back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "drill: disturbs the shared broker; run one at a time by scripts/test.sh's drill step"]
 async fn drill_network_cut() {
@@ -307,7 +315,7 @@ async fn drill_network_cut() {
         .expect("the broker's address");
     let proxy = Proxy::start(upstream).await.unwrap();
     let name = drill_name("network-cut");
-    let mq = connect_named(&via(&target.url, proxy.port(), "heartbeat=2"), &name)
+    let mq = connect_named_with_heartbeat(&via(&target.url, proxy.port(), ""), &name, 2)
         .await
         .unwrap();
     let q = support::unique("drill.network-cut");
