@@ -384,8 +384,11 @@ async fn drill_queue_deleted_and_declared_again() {
 }
 
 /// (f) A 3-node cluster (`scripts/cluster.sh`), a quorum queue with 3 replicas; the node the
-/// client is connected to is stopped mid-stream; the client fails over and publishing goes
-/// on on the remaining majority; nothing confirmed is lost.
+/// client's publishing connection is on is stopped mid-stream, then (once it is back) the
+/// node its consuming connection is on: the library dials its two connections round robin
+/// across the addresses, so they may live on different nodes, and each direction must fail
+/// over at least once. Each time the client fails over to the remaining majority, publishing
+/// goes on, and nothing confirmed is lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "drill: disturbs the shared broker; run one at a time by scripts/test.sh's drill step"]
 async fn drill_cluster_failover() {
@@ -397,36 +400,56 @@ async fn drill_cluster_failover() {
     let mq = connect_cluster(&cluster.urls, &name).await.unwrap();
     let q = support::unique("drill.failover");
     let decl = QueueDecl::quorum(&q).argument("x-quorum-initial-group-size", HeaderValue::I64(3));
-    let mut d = Drill::start("failover", mq, decl, Some(cluster.nodes[1].clone())).await;
-    let members = queue_members(Some(&cluster.nodes[1]), &q).expect("rabbitmqctl list_queues");
+    let mut d = Drill::start("failover", mq, decl, Some(cluster.nodes[0].clone())).await;
+    let members = queue_members(Some(&cluster.nodes[0]), &q).expect("rabbitmqctl list_queues");
     assert_eq!(members.len(), 3, "a replica on every node: {members:?}");
     d.wait_flowing(400).await;
-    let ours = our_connections(Some(&cluster.nodes[1]), &name).expect("rabbitmqctl");
-    let node = ours
-        .first()
-        .map(|c| c.node().to_owned())
-        .expect("our connections on the cluster");
-    assert!(
-        cluster.owns(&node),
-        "refusing to stop {node}: not a node of scripts/cluster.sh"
-    );
-    let survivor = cluster.url_besides(&node).to_owned();
-    let n = node.clone();
-    let stopped = tokio::task::spawn_blocking(move || AppStopped::stop(Some(&n)))
-        .await
-        .unwrap()
-        .expect("rabbitmqctl stop_app");
-    d.fault();
-    // The majority is up at once: recovery is measured from the stop.
-    d.await_recovery(Instant::now(), &format!("{node} stopped"))
-        .await;
-    d.wait_flowing(400).await;
-    let operator = raw(&survivor, &name).await;
-    let c = {
+    let mut operator_url = cluster.urls[0].clone();
+    for side in ["publish", "consume"] {
+        let ours = our_connections(Some(&cluster.nodes[0]), &name).expect("rabbitmqctl");
+        let node = ours
+            .iter()
+            .find(|c| c.name.ends_with(&format!("({side})")))
+            .map(|c| c.node().to_owned())
+            .unwrap_or_else(|| panic!("our {side} connection on the cluster: {ours:?}"));
+        assert!(
+            cluster.owns(&node),
+            "refusing to stop {node}: not a node of scripts/cluster.sh"
+        );
+        let on_node: Vec<&str> = ours
+            .iter()
+            .filter(|c| c.node() == node)
+            .map(|c| c.name.as_str())
+            .collect();
+        eprintln!("drill failover: stopping {node}, which holds {on_node:?}");
+        let n = node.clone();
+        let stopped = tokio::task::spawn_blocking(move || AppStopped::stop(Some(&n)))
+            .await
+            .unwrap()
+            .expect("rabbitmqctl stop_app");
+        d.fault();
+        // The majority is up at once: recovery is measured from the stop.
+        d.await_recovery(Instant::now(), &format!("{node} stopped ({side} side)"))
+            .await;
+        d.wait_flowing(400).await;
+        let survivor = cluster.node_besides(&node).to_owned();
+        let moved = our_connections(Some(&survivor), &name).expect("rabbitmqctl");
+        assert_eq!(
+            moved.len(),
+            2,
+            "both connections are open again, on the remaining nodes: {moved:?}"
+        );
+        assert!(
+            moved.iter().all(|c| c.node() != node),
+            "no connection of ours left on the stopped {node}: {moved:?}"
+        );
+        operator_url = cluster.url_besides(&node).to_owned();
         let took = stopped.start_async().await.expect("start_app");
         eprintln!("drill failover: {node} back after {took:?}");
-        d.finish(&operator).await
-    };
+        d.wait_flowing(200).await;
+    }
+    let operator = raw(&operator_url, &name).await;
+    let c = d.finish(&operator).await;
     assert!(c.confirmed > 800, "publishing went on: {c:?}");
     operator.close().await.ok();
     drop(cluster);
