@@ -37,7 +37,10 @@ use acemq::transport::memory::MemoryTransport;
 use drills::broker::{
     AppStopped, Cluster, DrillTarget, close_our_connections_async, our_connections, queue_members,
 };
-use drills::connect::{connect_cluster, connect_named, connect_named_with_heartbeat, drill_name};
+use drills::connect::{
+    connect_cluster, connect_named, connect_named_with_heartbeat, connect_named_without_recovery,
+    drill_name,
+};
 use drills::proxy::Proxy;
 use drills::resources::Resources;
 use drills::run::Drill;
@@ -198,6 +201,7 @@ async fn paused_publishing(mq: Connection, q: &str, raw: &dyn Transport) {
 }
 
 /// Closing "this process's connections" closes exactly those named with the drill's prefix.
+/// The closed connection does not recover (recovery off), so its close stays visible.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn closing_own_connections_by_name_leaves_others_alone() {
     let Some(url) = support::amqp_url() else {
@@ -205,7 +209,7 @@ async fn closing_own_connections_by_name_leaves_others_alone() {
     };
     let mine = drill_name("close-mine");
     let other = drill_name("close-other");
-    let a = connect_named(&url, &mine).await.unwrap();
+    let a = connect_named_without_recovery(&url, &mine).await.unwrap();
     let b = connect_named(&url, &other).await.unwrap();
     assert_eq!(our_connections(None, &mine).unwrap().len(), 2);
     let closed = close_our_connections_async(None, mine.clone(), "drill")

@@ -48,6 +48,19 @@ pub async fn connect_named_with_heartbeat(
     Connection::connect_with(url, drill_options(name).heartbeat(seconds)).await
 }
 
+/// [`connect_named`] with recovery turned off: a connection the broker closes stays closed
+/// (for tests of the drill tooling itself, which must see the close).
+pub async fn connect_named_without_recovery(
+    url: &str,
+    name: &str,
+) -> Result<Connection, acemq::Error> {
+    Connection::connect_with(
+        url,
+        drill_options(name).recovery(RecoveryPolicy::disabled()),
+    )
+    .await
+}
+
 /// Connects to a cluster given by its nodes' URLs, named `name`: the first URL is dialled
 /// first, every other is an `.address(..)` the connection fails over to when its node goes.
 pub async fn connect_cluster(urls: &[String], name: &str) -> Result<Connection, acemq::Error> {
