@@ -119,6 +119,25 @@ impl Drill {
         mq.declare(&topology)
             .await
             .expect("declare the drill's queue");
+        // Every recovery event, timed from the start, in the drill's output.
+        if let Some(mut events) = mq.recovery_events() {
+            let (label, t0) = (label.to_owned(), Instant::now());
+            tokio::spawn(async move {
+                use tokio::sync::broadcast::error::RecvError;
+                loop {
+                    match events.recv().await {
+                        Ok(e) => eprintln!(
+                            "drill {label}: +{}ms recovery event {e:?}",
+                            t0.elapsed().as_millis()
+                        ),
+                        Err(RecvError::Lagged(n)) => {
+                            eprintln!("drill {label}: {n} recovery events not shown");
+                        }
+                        Err(RecvError::Closed) => return,
+                    }
+                }
+            });
+        }
         let ledger = Arc::new(Ledger::default());
         let books = ledger.clone();
         let consumer = mq
@@ -136,6 +155,26 @@ impl Drill {
             .expect("start the drill's consumer");
         let stop = CancellationToken::new();
         let abandon = CancellationToken::new();
+        // Every change of the consumers' health (Degraded with the reason while one is not
+        // subscribed), timed from the start.
+        {
+            let (mq, label, t0, stop) =
+                (mq.clone(), label.to_owned(), Instant::now(), stop.clone());
+            tokio::spawn(async move {
+                let mut last = String::new();
+                while !stop.is_cancelled() {
+                    let now = mq.health().to_json(None)["components"]["consumers"].to_string();
+                    if now != last {
+                        eprintln!(
+                            "drill {label}: +{}ms consumers {now}",
+                            t0.elapsed().as_millis()
+                        );
+                        last = now;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            });
+        }
         let (paused, paused_rx) = watch::channel(false);
         let publisher = tokio::spawn(publish_loop(
             mq.clone(),
@@ -242,10 +281,11 @@ impl Drill {
             assert!(
                 Instant::now() < end,
                 "drill {}: fault {} ({what}): no recovery within {RECOVERY_BOUND:?} \
-                 (no id both confirmed and handled since; connection status {:?}): {}",
+                 (no id both confirmed and handled since; connection status {:?}; health {}): {}",
                 self.label,
                 self.faults,
                 self.mq.status(),
+                self.mq.health().to_json(None),
                 self.line()
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
