@@ -373,7 +373,7 @@ async fn drill_queue_deleted_and_declared_again() {
     let operator = raw(&target.url, &name).await;
     d.wait_flowing(400).await;
     // Deleting a queue drops what it holds: drain it first, so what is lost is not ours.
-    d.pause_publishing();
+    d.pause_publishing().await;
     d.wait_drained(&operator, Duration::from_secs(30)).await;
     operator.delete_queue(&q).await.expect("delete the queue");
     d.fault();

@@ -88,6 +88,8 @@ pub struct Drill {
     stop: CancellationToken,
     abandon: CancellationToken,
     paused: watch::Sender<bool>,
+    /// Set by the publisher loop while it waits, paused, with no publish in hand.
+    parked: watch::Receiver<bool>,
     faults: u64,
     slowest: Option<Duration>,
     cleanup: Cleanup,
@@ -176,6 +178,7 @@ impl Drill {
             });
         }
         let (paused, paused_rx) = watch::channel(false);
+        let (parked_tx, parked) = watch::channel(false);
         let publisher = tokio::spawn(publish_loop(
             mq.clone(),
             queue.clone(),
@@ -184,6 +187,7 @@ impl Drill {
             stop.clone(),
             abandon.clone(),
             paused_rx,
+            parked_tx,
         ));
         Drill {
             label: label.to_owned(),
@@ -195,6 +199,7 @@ impl Drill {
             stop,
             abandon,
             paused,
+            parked,
             faults: 0,
             slowest: None,
             cleanup,
@@ -217,9 +222,18 @@ impl Drill {
         }
     }
 
-    /// Stops taking new ids (the one in hand is still retried until confirmed).
-    pub fn pause_publishing(&self) {
+    /// Stops taking new ids, and waits (up to [`FINISH_BOUND`]) until the one in hand is
+    /// confirmed: once this returns, nothing of the drill's is on its way to the broker.
+    pub async fn pause_publishing(&self) {
         self.paused.send_replace(true);
+        let mut parked = self.parked.clone();
+        let waited = tokio::time::timeout(FINISH_BOUND, parked.wait_for(|p| *p)).await;
+        assert!(
+            matches!(waited, Ok(Ok(_))),
+            "drill {}: the publish in hand was not confirmed within {FINISH_BOUND:?}: {}",
+            self.label,
+            self.line()
+        );
     }
 
     /// Takes new ids again.
@@ -371,15 +385,21 @@ async fn publish_loop(
     stop: CancellationToken,
     abandon: CancellationToken,
     mut paused: watch::Receiver<bool>,
+    parked: watch::Sender<bool>,
 ) {
     let p = mq.publisher::<Item>("", &queue);
     let mut tick = tokio::time::interval(PUBLISH_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     for id in 0u64.. {
-        tokio::select! {
-            r = paused.wait_for(|p| !*p) => if r.is_err() { return },
-            _ = stop.cancelled() => return,
+        // Nothing in hand here: while paused, say so (a pause waits for it), then wait.
+        while *paused.borrow_and_update() {
+            parked.send_replace(true);
+            tokio::select! {
+                r = paused.changed() => if r.is_err() { return },
+                _ = stop.cancelled() => return,
+            }
         }
+        parked.send_replace(false);
         tokio::select! {
             _ = tick.tick() => {}
             _ = stop.cancelled() => return,
