@@ -184,10 +184,12 @@ impl Drill {
             queue.clone(),
             label.to_owned(),
             ledger.clone(),
+            Pause {
+                paused: paused_rx,
+                parked: parked_tx,
+            },
             stop.clone(),
             abandon.clone(),
-            paused_rx,
-            parked_tx,
         ));
         Drill {
             label: label.to_owned(),
@@ -377,16 +379,24 @@ impl Drill {
     }
 }
 
+/// The publisher loop's side of [`Drill::pause_publishing`].
+struct Pause {
+    /// Whether to stop taking new ids.
+    paused: watch::Receiver<bool>,
+    /// Set while waiting, paused, with no publish in hand.
+    parked: watch::Sender<bool>,
+}
+
 async fn publish_loop(
     mq: Connection,
     queue: String,
     label: String,
     ledger: Arc<Ledger>,
+    pause: Pause,
     stop: CancellationToken,
     abandon: CancellationToken,
-    mut paused: watch::Receiver<bool>,
-    parked: watch::Sender<bool>,
 ) {
+    let Pause { mut paused, parked } = pause;
     let p = mq.publisher::<Item>("", &queue);
     let mut tick = tokio::time::interval(PUBLISH_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
