@@ -118,6 +118,31 @@ restore_broker() {
   return "$rc"
 }
 
+# Runs every #[ignore]d drill of one package's `drills` test target, each in a process of
+# its own, one at a time, and prints how long each took (kept in DRILL_TIMES for the
+# summary). Stops the script at the first failing drill (set -e), where the trap restores
+# the broker.
+DRILL_TIMES=()
+run_drills() {
+  local pkg="$1" list name start took
+  local -a names
+  list="$(cargo test -q -p "$pkg" --all-features --test drills -- --ignored --list)"
+  mapfile -t names < <(printf '%s\n' "$list" | sed -n 's/^\([A-Za-z0-9_:]*\): test$/\1/p')
+  if [ "${#names[@]}" -eq 0 ]; then
+    echo "test.sh: no drills found in $pkg (cargo test --test drills -- --ignored --list)" >&2
+    exit 1
+  fi
+  for name in "${names[@]}"; do
+    step "drill $pkg $name"
+    start=$SECONDS
+    cargo test -p "$pkg" --all-features --test drills -- \
+      --ignored --exact "$name" --test-threads=1 --nocapture
+    took=$((SECONDS - start))
+    echo "drill timing: $pkg $name took ${took}s"
+    DRILL_TIMES+=("$(printf '%5ss  %s %s' "$took" "$pkg" "$name")")
+  done
+}
+
 if [ "${ACEMQ_SKIP_DRILLS:-}" = 1 ] && [ "${CI:-}" != "true" ]; then
   echo "test.sh: ACEMQ_SKIP_DRILLS=1; the serial tests and drills did not run" >&2
 elif [ "$(id -u)" -ne 0 ] && [ "$(id -un)" != rabbitmq ]; then
@@ -135,14 +160,19 @@ else
   step "serial: tests that change global broker state, one at a time"
   cargo test -p acemq --all-features "${serial[@]}" -- --test-threads=1
 
+  drills_start=$SECONDS
   step "drills: local 3-node cluster (scripts/cluster.sh start)"
   scripts/cluster.sh start
+  DRILL_TIMES+=("$(printf '%5ss  %s' $((SECONDS - drills_start)) "scripts/cluster.sh start")")
 
-  step "drills: acemq, one at a time"
-  cargo test -p acemq --all-features --test drills -- --ignored --test-threads=1 --nocapture
+  # acemq: forced closes, stop_app/start_app, a network cut, a deleted queue, cluster
+  # failover; acemq-sql: the outbox relay across a broker restart.
+  run_drills acemq
+  run_drills acemq-sql
 
-  step "drills: acemq-sql (outbox relay across a broker restart)"
-  cargo test -p acemq-sql --all-features --test drills -- --ignored --test-threads=1 --nocapture
+  step "drill timings"
+  printf '%s\n' "${DRILL_TIMES[@]}"
+  echo "drills took $((SECONDS - drills_start))s in all"
 fi
 
 step "all checks passed"

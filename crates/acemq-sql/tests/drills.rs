@@ -274,9 +274,18 @@ async fn drill_outbox_relay_across_a_broker_restart() {
     let c = ledger.counts();
     println!("{}", c.line(label, Some(recovered_in)));
     let retired = outbox.retired().await.unwrap();
+    // Every distinct last error among the retired rows, with how many rows it retired.
+    let mut why: Vec<(String, usize)> = Vec::new();
+    for r in &retired {
+        let e = r.last_error.clone().unwrap_or_default();
+        match why.iter_mut().find(|(w, _)| *w == e) {
+            Some((_, n)) => *n += 1,
+            None => why.push((e, 1)),
+        }
+    }
     assert!(
         retired.is_empty() && relay.retired() == 0,
-        "drill {label}: {} rows retired, e.g. {:?}",
+        "drill {label}: {} rows retired, e.g. {:?}; their last errors: {why:?}",
         retired.len(),
         retired.first().map(|r| (&r.id, r.attempts, &r.last_error))
     );

@@ -311,6 +311,15 @@ impl Cluster {
         self.nodes.iter().any(|n| n == node)
     }
 
+    /// A node other than `node` (where `rabbitmqctl` still answers while `node` is down).
+    pub fn node_besides(&self, node: &str) -> &str {
+        self.nodes
+            .iter()
+            .find(|n| *n != node)
+            .map(String::as_str)
+            .unwrap_or(&self.nodes[0])
+    }
+
     /// The URL of a node other than `node`.
     pub fn url_besides(&self, node: &str) -> &str {
         self.nodes

@@ -1,35 +1,76 @@
 //! How a drill opens its AceMQ connection: the only place that knows the connection API, so
-//! it can follow the library's options (a connection name, several addresses) in one edit.
+//! it can follow the library's options in one edit.
+//!
+//! Every drill connection has a unique name (RabbitMQ lists `{name} (publish)` and
+//! `{name} (consume)`, so a drill finds its own connections and no one else's), recovers
+//! with short delays ([`REDIAL_INITIAL`] doubling to [`REDIAL_MAX`], forever) so a drill
+//! measures the library rather than the default backoff, and gives up connecting at startup
+//! after [`CONNECT_TIMEOUT`].
 //!
 //! Shared by `crates/acemq/tests/drills.rs` and `crates/acemq-sql/tests/drills.rs` (the
 //! latter includes this file by path).
 #![allow(dead_code)]
 
-use std::sync::Arc;
+use std::time::Duration;
 
 use acemq::Connection;
 use acemq::connection::ConnectionOptions;
-use acemq::transport::amqp::{AmqpOptions, AmqpTransport};
+use acemq::transport::recovery::RecoveryPolicy;
 
-/// Connects to `url` with the connection name `name` (RabbitMQ shows `{name} (publish)` and
-/// `{name} (consume)`), so the drill can find its own connections and no one else's.
-pub async fn connect_named(url: &str, name: &str) -> Result<Connection, acemq::Error> {
-    let t = AmqpTransport::connect_with(url, AmqpOptions::default().connection_name(name)).await?;
-    Ok(Connection::with_transport(
-        Arc::new(t),
-        ConnectionOptions::default(),
-    ))
+/// The first redial delay of a drill connection.
+pub const REDIAL_INITIAL: Duration = Duration::from_millis(200);
+/// The longest redial delay of a drill connection.
+pub const REDIAL_MAX: Duration = Duration::from_secs(2);
+/// How long connecting at startup retries an unreachable broker.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// The options every drill connection uses: named `name`, recovering with short delays.
+pub fn drill_options(name: &str) -> ConnectionOptions {
+    ConnectionOptions::default()
+        .name(name)
+        .recovery(RecoveryPolicy::default().delays(REDIAL_INITIAL, REDIAL_MAX))
+        .connect_timeout(CONNECT_TIMEOUT)
 }
 
-/// Connects to a cluster given by its nodes' URLs, named `name`.
-///
-/// For now this connects to the first URL only (failover needs the library's multi-address
-/// connection, which replaces this body).
+/// Connects to `url` with the connection name `name` (RabbitMQ shows `{name} (publish)` and
+/// `{name} (consume)`), recovering with the drills' short delays.
+pub async fn connect_named(url: &str, name: &str) -> Result<Connection, acemq::Error> {
+    Connection::connect_with(url, drill_options(name)).await
+}
+
+/// [`connect_named`] with a heartbeat of `seconds` (a network cut without a close is
+/// noticed only by missed heartbeats, after about two of them).
+pub async fn connect_named_with_heartbeat(
+    url: &str,
+    name: &str,
+    seconds: u16,
+) -> Result<Connection, acemq::Error> {
+    Connection::connect_with(url, drill_options(name).heartbeat(seconds)).await
+}
+
+/// [`connect_named`] with recovery turned off: a connection the broker closes stays closed
+/// (for tests of the drill tooling itself, which must see the close).
+pub async fn connect_named_without_recovery(
+    url: &str,
+    name: &str,
+) -> Result<Connection, acemq::Error> {
+    Connection::connect_with(
+        url,
+        drill_options(name).recovery(RecoveryPolicy::disabled()),
+    )
+    .await
+}
+
+/// Connects to a cluster given by its nodes' URLs, named `name`: the first URL is dialled
+/// first, every other is an `.address(..)` the connection fails over to when its node goes.
 pub async fn connect_cluster(urls: &[String], name: &str) -> Result<Connection, acemq::Error> {
-    let first = urls
-        .first()
+    let (first, rest) = urls
+        .split_first()
         .ok_or_else(|| acemq::Error::Config("connect_cluster needs at least one URL".into()))?;
-    connect_named(first, name).await
+    let options = rest
+        .iter()
+        .fold(drill_options(name), |o, url| o.address(url.clone()));
+    Connection::connect_with(first, options).await
 }
 
 /// A connection name unique to this drill run: `acemq-drill.{drill}.{pid}.{nanos}`.

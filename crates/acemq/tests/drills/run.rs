@@ -88,6 +88,8 @@ pub struct Drill {
     stop: CancellationToken,
     abandon: CancellationToken,
     paused: watch::Sender<bool>,
+    /// Set by the publisher loop while it waits, paused, with no publish in hand.
+    parked: watch::Receiver<bool>,
     faults: u64,
     slowest: Option<Duration>,
     cleanup: Cleanup,
@@ -119,6 +121,25 @@ impl Drill {
         mq.declare(&topology)
             .await
             .expect("declare the drill's queue");
+        // Every recovery event, timed from the start, in the drill's output.
+        if let Some(mut events) = mq.recovery_events() {
+            let (label, t0) = (label.to_owned(), Instant::now());
+            tokio::spawn(async move {
+                use tokio::sync::broadcast::error::RecvError;
+                loop {
+                    match events.recv().await {
+                        Ok(e) => eprintln!(
+                            "drill {label}: +{}ms recovery event {e:?}",
+                            t0.elapsed().as_millis()
+                        ),
+                        Err(RecvError::Lagged(n)) => {
+                            eprintln!("drill {label}: {n} recovery events not shown");
+                        }
+                        Err(RecvError::Closed) => return,
+                    }
+                }
+            });
+        }
         let ledger = Arc::new(Ledger::default());
         let books = ledger.clone();
         let consumer = mq
@@ -136,15 +157,39 @@ impl Drill {
             .expect("start the drill's consumer");
         let stop = CancellationToken::new();
         let abandon = CancellationToken::new();
+        // Every change of the consumers' health (Degraded with the reason while one is not
+        // subscribed), timed from the start.
+        {
+            let (mq, label, t0, stop) =
+                (mq.clone(), label.to_owned(), Instant::now(), stop.clone());
+            tokio::spawn(async move {
+                let mut last = String::new();
+                while !stop.is_cancelled() {
+                    let now = mq.health().to_json(None)["components"]["consumers"].to_string();
+                    if now != last {
+                        eprintln!(
+                            "drill {label}: +{}ms consumers {now}",
+                            t0.elapsed().as_millis()
+                        );
+                        last = now;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            });
+        }
         let (paused, paused_rx) = watch::channel(false);
+        let (parked_tx, parked) = watch::channel(false);
         let publisher = tokio::spawn(publish_loop(
             mq.clone(),
             queue.clone(),
             label.to_owned(),
             ledger.clone(),
+            Pause {
+                paused: paused_rx,
+                parked: parked_tx,
+            },
             stop.clone(),
             abandon.clone(),
-            paused_rx,
         ));
         Drill {
             label: label.to_owned(),
@@ -156,6 +201,7 @@ impl Drill {
             stop,
             abandon,
             paused,
+            parked,
             faults: 0,
             slowest: None,
             cleanup,
@@ -178,9 +224,18 @@ impl Drill {
         }
     }
 
-    /// Stops taking new ids (the one in hand is still retried until confirmed).
-    pub fn pause_publishing(&self) {
+    /// Stops taking new ids, and waits (up to [`FINISH_BOUND`]) until the one in hand is
+    /// confirmed: once this returns, nothing of the drill's is on its way to the broker.
+    pub async fn pause_publishing(&self) {
         self.paused.send_replace(true);
+        let mut parked = self.parked.clone();
+        let waited = tokio::time::timeout(FINISH_BOUND, parked.wait_for(|p| *p)).await;
+        assert!(
+            matches!(waited, Ok(Ok(_))),
+            "drill {}: the publish in hand was not confirmed within {FINISH_BOUND:?}: {}",
+            self.label,
+            self.line()
+        );
     }
 
     /// Takes new ids again.
@@ -242,10 +297,11 @@ impl Drill {
             assert!(
                 Instant::now() < end,
                 "drill {}: fault {} ({what}): no recovery within {RECOVERY_BOUND:?} \
-                 (no id both confirmed and handled since; connection status {:?}): {}",
+                 (no id both confirmed and handled since; connection status {:?}; health {}): {}",
                 self.label,
                 self.faults,
                 self.mq.status(),
+                self.mq.health().to_json(None),
                 self.line()
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -323,23 +379,37 @@ impl Drill {
     }
 }
 
+/// The publisher loop's side of [`Drill::pause_publishing`].
+struct Pause {
+    /// Whether to stop taking new ids.
+    paused: watch::Receiver<bool>,
+    /// Set while waiting, paused, with no publish in hand.
+    parked: watch::Sender<bool>,
+}
+
 async fn publish_loop(
     mq: Connection,
     queue: String,
     label: String,
     ledger: Arc<Ledger>,
+    pause: Pause,
     stop: CancellationToken,
     abandon: CancellationToken,
-    mut paused: watch::Receiver<bool>,
 ) {
+    let Pause { mut paused, parked } = pause;
     let p = mq.publisher::<Item>("", &queue);
     let mut tick = tokio::time::interval(PUBLISH_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     for id in 0u64.. {
-        tokio::select! {
-            r = paused.wait_for(|p| !*p) => if r.is_err() { return },
-            _ = stop.cancelled() => return,
+        // Nothing in hand here: while paused, say so (a pause waits for it), then wait.
+        while *paused.borrow_and_update() {
+            parked.send_replace(true);
+            tokio::select! {
+                r = paused.changed() => if r.is_err() { return },
+                _ = stop.cancelled() => return,
+            }
         }
+        parked.send_replace(false);
         tokio::select! {
             _ = tick.tick() => {}
             _ = stop.cancelled() => return,
