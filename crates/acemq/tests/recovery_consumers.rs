@@ -16,6 +16,7 @@ use acemq::consume::{ConsumerOptions, Message};
 use acemq::error::ErrorKind;
 use acemq::health::HealthStatus;
 use acemq::topology::QueueDecl;
+use acemq::transport::Transport;
 use acemq::transport::memory::MemoryTransport;
 use acemq::transport::recovery::RecoveryPolicy;
 use support::Target;
@@ -317,5 +318,33 @@ async fn confirm_window_permits_come_back_after_a_loss() {
             .unwrap_or_else(|e| panic!("send_all: {e}"));
     }
     mq.transport().delete_queue(&q).await.ok();
+    mq.close().await.unwrap_or_else(|e| panic!("close: {e}"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_consumer_the_broker_forgot_without_a_cancel_subscribes_again() {
+    let m = Arc::new(MemoryTransport::connect(&support::unique("mem-forgot")));
+    let mq = Connection::with_transport(m.clone(), ConnectionOptions::default());
+    let q = support::unique("forgot.q");
+    support::declare_classic(&mq, &q).await;
+    let (consumer, seen) = consume_counting(&mq, &q).await;
+    // The broker drops the consumer silently: nothing ends the subscription.
+    assert_eq!(m.broker().forget_consumers(&q), 1);
+    mq.publisher::<u32>("", &q)
+        .send(&7)
+        .await
+        .unwrap_or_else(|e| panic!("send: {e}"));
+    let started = tokio::time::Instant::now();
+    wait_all(&seen, 7..8, Duration::from_secs(120)).await;
+    // Found by the idle check, not before it ran.
+    assert!(started.elapsed() >= acemq::consume::WATCHDOG_INTERVAL);
+    assert_eq!(
+        m.inspect_queue(&q)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .consumer_count,
+        1
+    );
+    consumer.close().await;
     mq.close().await.unwrap_or_else(|e| panic!("close: {e}"));
 }

@@ -49,7 +49,7 @@ use crate::codec::Decoder;
 use crate::engine::Engine;
 use crate::error::Error;
 use crate::lifecycle::ConsumerControl;
-use crate::transport::{ConsumeSpec, Subscription, Transport};
+use crate::transport::{ConsumeSpec, Subscription, Transport, TransportError};
 use handle::{Ctx, handle};
 use moves::{MoveState, publishing_impossible};
 use resubscribe::resubscribe;
@@ -211,6 +211,25 @@ fn consumer_tag(queue: &str) -> String {
     format!("{head}-{}", &suffix[..8])
 }
 
+/// How often an idle consumer checks that the broker still lists it.
+pub const WATCHDOG_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Resolves when the broker no longer lists any consumer of the queue (or the queue is
+/// gone) although our subscription is open: RabbitMQ 3.10 was seen to drop a quorum queue's
+/// consumer without a `basic.cancel` when the queue was deleted while being published to,
+/// which would leave this consumer silent forever. Checked every [`WATCHDOG_INTERVAL`]
+/// while the consumer waits for deliveries (a passive declare: no broker state changes).
+async fn watchdog(source: &Source) {
+    loop {
+        tokio::time::sleep(WATCHDOG_INTERVAL).await;
+        match source.transport.inspect_queue(&source.spec.queue).await {
+            Ok(info) if info.consumer_count == 0 => return,
+            Err(e) if e.is_not_found() => return,
+            _ => {}
+        }
+    }
+}
+
 /// Where a consumer's subscription comes from, to subscribe again after the broker ended it.
 struct Source {
     transport: Arc<dyn Transport>,
@@ -258,6 +277,9 @@ async fn run<T, F, Fut>(
                     biased;
                     _ = stop.cancelled() => break,
                     d = subscription.next() => d,
+                    () = watchdog(&source) => Some(Err(TransportError::Closed {
+                        detail: "the broker lists no consumer of the queue although the subscription is open (a consumer cancel that never arrived)".into(),
+                    })),
                 }
             }
         };

@@ -111,6 +111,23 @@ impl MemoryBroker {
         channels.len()
     }
 
+    /// Detaches every consumer of `queue` **without telling it** (its subscription stays
+    /// open and silent), as RabbitMQ 3.10 was seen to do when a quorum queue is deleted
+    /// while it is being published to. Returns how many were detached.
+    pub fn forget_consumers(&self, queue: &str) -> usize {
+        let mut st = self.lock();
+        match st.queues.get_mut(queue) {
+            Some(q) => {
+                let n = q.consumers.len();
+                for c in std::mem::take(&mut q.consumers) {
+                    q.remove_consumer(c);
+                }
+                n
+            }
+            None => 0,
+        }
+    }
+
     /// The next `n` acks are answered as sent but never arrive: each message comes back,
     /// redelivered (a duplicate delivery, as after a connection lost right after an ack).
     pub fn lose_next_acks(&self, n: u32) {
