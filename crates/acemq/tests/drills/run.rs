@@ -165,7 +165,20 @@ impl Drill {
             tokio::spawn(async move {
                 let mut last = String::new();
                 while !stop.is_cancelled() {
-                    let now = mq.health().to_json(None)["components"]["consumers"].to_string();
+                    let consumers = mq.health().to_json(None)["components"]["consumers"].clone();
+                    // The status and the reasons, not the progress timestamps and counts
+                    // that change with every message.
+                    let mut now = consumers["status"].to_string();
+                    if let Some(details) = consumers["details"].as_object() {
+                        for (k, v) in details {
+                            if k.contains(".stopped")
+                                || k.starts_with("stopped.")
+                                || k.contains("stalled")
+                            {
+                                now.push_str(&format!(" {k}={v}"));
+                            }
+                        }
+                    }
                     if now != last {
                         eprintln!(
                             "drill {label}: +{}ms consumers {now}",
