@@ -8,20 +8,21 @@
 //! with [`TransportError::Blocked`] (nothing is sent) instead of hanging.
 //!
 //! The parts:
+//! * `link`: each connection in a replaceable link with a supervisor that drains its event
+//!   stream once (lapin sends events only while a listener exists, and several listeners
+//!   would split them), keeps the status, and on loss redials with backoff across the
+//!   addresses, declares the recorded topology again and only then reports ready;
 //! * `publisher`: one confirm-mode channel, publishes serialized, confirms collected in
-//!   publish order and returns matched to publishes by `message_id`;
+//!   publish order; `returns`: returns matched to their publish by `message_id` and
+//!   destination, never dropped while their publish may still arrive;
 //! * `subscription`: one channel per subscription, prefetch before consume, settlements
-//!   that never report an unsent ack as success;
+//!   that never report an unsent ack as success, buffered deliveries of a dead channel
+//!   dropped;
+//! * `topology`: declares and deletes, one operation per pooled channel of the consuming
+//!   connection (a 404 or 406 closes only its own channel, which is then dropped);
+//! * `options`: names, timeouts, addresses, heartbeat, recovery, credentials, TLS;
 //! * `convert`: properties and header tables, lossless and panic-free;
 //! * `errors`: lapin errors by AMQP reply code.
-//!
-//! Topology operations run on channels of the consuming connection taken from a small pool,
-//! one operation per channel at a time: a 404 or 406 closes the channel it happens on, so a
-//! failed declare closes only its own channel, which is then dropped instead of returned.
-//!
-//! Each connection's event stream is subscribed to once, right after connecting (lapin sends
-//! events only while a listener exists, and several listeners would split them), and drained
-//! for the connection's life into a `watch` channel behind [`Transport::watch_status`].
 //!
 //! Connecting needs a tokio runtime (lapin's `tokio` feature); `amqp://` and `amqps://` URLs
 //! are accepted (TLS through rustls with the ring provider).
@@ -33,6 +34,7 @@ mod options;
 mod publisher;
 mod returns;
 mod subscription;
+mod topology;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -40,13 +42,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use lapin::Channel;
 use lapin::options::{
     BasicConsumeOptions, BasicGetOptions, BasicQosOptions, ExchangeDeclareOptions,
-    ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
-    QueuePurgeOptions,
+    ExchangeDeleteOptions, QueueDeleteOptions, QueuePurgeOptions,
 };
 use lapin::types::FieldTable;
 use tokio::sync::{Mutex, broadcast, watch};
 use tokio::task::JoinHandle;
-use tracing::{debug, warn};
+use tracing::debug;
 
 use self::errors::from_lapin;
 use self::link::{Dialer, Link, supervise};
@@ -210,158 +211,12 @@ impl Inner {
         }
     }
 
-    async fn redeclare(&self) -> Result<(), TransportError> {
-        let items = self.declared.snapshot();
-        let count = items.len();
-        for item in items {
-            let done = match &item {
-                Declared::Exchange(e) => self.declare_exchange_op(e).await,
-                Declared::Queue(q) => self.queue_op(&q.name, false, Some(q)).await.map(drop),
-                Declared::Binding(b) => self.binding_op(b, true).await,
-            };
-            match done {
-                Ok(()) => {}
-                // Someone declared it differently (or removed what it needs) meanwhile: say
-                // so and go on; the rest of the topology must still come back.
-                Err(
-                    e @ (TransportError::PreconditionFailed { .. }
-                    | TransportError::NotFound { .. }
-                    | TransportError::AccessRefused { .. }
-                    | TransportError::ResourceLocked { .. }),
-                ) => warn!(error = %e, item = ?item, "could not declare again after recovery"),
-                Err(e) => return Err(e),
-            }
-        }
-        debug!(count, "topology declared again after recovery");
-        Ok(())
-    }
-
-    /// A topology channel for one operation (from the pool, or a new one).
-    async fn checkout(&self) -> Result<Channel, TransportError> {
-        let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
-        match idle {
-            Some(ch) if ch.status().connected() => Ok(ch),
-            _ => self
-                .consume
-                .current()
-                .create_channel()
-                .await
-                .map_err(from_lapin),
-        }
-    }
-
-    /// Returns a topology channel to the pool unless the operation closed it.
-    fn checkin(&self, ch: Channel) {
-        if !ch.status().connected() {
-            return;
-        }
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        if idle.len() < IDLE_TOPOLOGY_CHANNELS {
-            idle.push(ch);
-        }
-    }
-
     /// The state as lapin sees it now.
     fn live_status(&self) -> TransportStatus {
         let mut s = self.status_rx.borrow().clone();
         s.connected = !self.is_closed() && self.publisher.link().ready() && self.consume.ready();
         s.blocked = self.publisher.blocked(&self.status_rx);
         s
-    }
-
-    /// queue.bind (`bind`) or queue.unbind on a topology channel.
-    async fn binding_op(&self, decl: &BindingDecl, bind: bool) -> Result<(), TransportError> {
-        let (queue, exchange) = (convert::name(&decl.queue)?, convert::name(&decl.exchange)?);
-        let routing_key = convert::name(&decl.routing_key)?;
-        let arguments = convert::to_table(&decl.arguments)?;
-        let ch = self.checkout().await?;
-        let done = if bind {
-            ch.queue_bind(
-                queue,
-                exchange,
-                routing_key,
-                QueueBindOptions::default(),
-                arguments,
-            )
-            .await
-        } else {
-            ch.queue_unbind(queue, exchange, routing_key, arguments)
-                .await
-        };
-        self.checkin(ch);
-        done.map_err(from_lapin)
-    }
-
-    async fn queue_op(
-        &self,
-        name: &str,
-        passive: bool,
-        decl: Option<&QueueDecl>,
-    ) -> Result<QueueInfo, TransportError> {
-        let queue = convert::name(name)?;
-        let (options, arguments) = match decl {
-            Some(d) => (
-                QueueDeclareOptions {
-                    passive,
-                    durable: d.durable,
-                    exclusive: d.exclusive,
-                    auto_delete: d.auto_delete,
-                    nowait: false,
-                },
-                convert::to_table(&d.arguments)?,
-            ),
-            None => (
-                QueueDeclareOptions {
-                    passive,
-                    ..QueueDeclareOptions::default()
-                },
-                FieldTable::default(),
-            ),
-        };
-        let ch = self.checkout().await?;
-        let declared = ch.queue_declare(queue, options, arguments).await;
-        self.checkin(ch);
-        let q = declared.map_err(from_lapin)?;
-        Ok(QueueInfo {
-            name: q.name().as_str().to_owned(),
-            message_count: q.message_count(),
-            consumer_count: q.consumer_count(),
-        })
-    }
-
-    async fn declare_exchange_op(&self, decl: &ExchangeDecl) -> Result<(), TransportError> {
-        let options = ExchangeDeclareOptions {
-            passive: false,
-            durable: decl.durable,
-            auto_delete: decl.auto_delete,
-            internal: false,
-            nowait: false,
-        };
-        let arguments = convert::to_table(&decl.arguments)?;
-        self.exchange_op(&decl.name, decl.kind, options, arguments)
-            .await
-    }
-
-    async fn exchange_op(
-        &self,
-        name: &str,
-        kind: ExchangeKind,
-        options: ExchangeDeclareOptions,
-        arguments: FieldTable,
-    ) -> Result<(), TransportError> {
-        let exchange = convert::name(name)?;
-        let kind = match kind {
-            ExchangeKind::Direct => lapin::ExchangeKind::Direct,
-            ExchangeKind::Fanout => lapin::ExchangeKind::Fanout,
-            ExchangeKind::Topic => lapin::ExchangeKind::Topic,
-            ExchangeKind::Headers => lapin::ExchangeKind::Headers,
-        };
-        let ch = self.checkout().await?;
-        let declared = ch
-            .exchange_declare(exchange, kind, options, arguments)
-            .await;
-        self.checkin(ch);
-        declared.map_err(from_lapin)
     }
 }
 
