@@ -8,6 +8,8 @@
 
 pub mod spans;
 
+pub mod settle;
+
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
