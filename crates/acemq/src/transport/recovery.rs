@@ -46,7 +46,7 @@ pub const RECOVERY_TOTAL: &str = "acemq.connection.recovery.total";
 /// let p = RecoveryPolicy::default()
 ///     .delays(Duration::from_millis(100), Duration::from_secs(5))
 ///     .max_attempts(10);
-/// assert_eq!(p.get_max_attempts(), Some(10));
+/// assert_eq!(p.attempt_limit(), Some(10));
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RecoveryPolicy {
@@ -105,7 +105,7 @@ impl RecoveryPolicy {
     }
 
     /// Redials before giving up (`None`: never give up).
-    pub fn get_max_attempts(&self) -> Option<u32> {
+    pub fn attempt_limit(&self) -> Option<u32> {
         self.max_attempts
     }
 
