@@ -103,8 +103,8 @@ pub(super) async fn handle<T, F, Fut>(
         ),
         _ => envelope,
     };
-    settle(&ctx, d, &envelope, decision, &seen, acks).await;
-    release(&ctx, &seen);
+    let handed_over = settle(&ctx, d, &envelope, decision, &seen, acks).await;
+    release(&ctx, &seen, handed_over);
 }
 
 /// Waits at the pause gate. `false` when the consumer is closing: the delivery was handed
@@ -303,7 +303,7 @@ async fn settle<T, F>(
     decision: Decision,
     seen: &Observed,
     acks: Option<&mut AckRun>,
-) {
+) -> bool {
     match acks {
         Some(acks) => {
             ctx.settler
@@ -315,8 +315,13 @@ async fn settle<T, F>(
 }
 
 /// The delivery is settled: no longer in flight.
-fn release<T, F>(ctx: &Ctx<T, F>, seen: &Observed) {
+/// `handed_over`: the delivery went on in a task of its own (a wait, a failing move), which
+/// now owns its in-flight counts and gives them back when it ends.
+fn release<T, F>(ctx: &Ctx<T, F>, seen: &Observed, handed_over: bool) {
     ctx.settler.stats.delivery_done();
+    if handed_over {
+        return;
+    }
     seen.series.in_flight(-1);
     ctx.lifecycle().handler_finished();
     ctx.in_flight.fetch_sub(1, Ordering::SeqCst);

@@ -216,16 +216,16 @@ impl Settler {
     }
 
     /// Hands `job` to a tracked task of its own, so its handler slot is free at once; the
-    /// delivery stays unacked (in the prefetch window) and counted as in flight.
+    /// delivery stays unacked (in the prefetch window) and counted as in flight (the count
+    /// taken when it was admitted, handed over: never counted twice).
     pub(super) fn spawn_later(&self, job: Later, seen: &Observed) {
         // Counted out before this returns, so an ack run never covers it (see AckRun), and
         // a failing move is counted before the run loop decides whether to take the next
         // delivery.
         self.moves.waiting.fetch_add(1, Ordering::SeqCst);
         let failing = job.failed.is_some().then(|| Failing::up(&self.moves));
-        self.engine.lifecycle.handler_started();
-        self.in_flight.fetch_add(1, Ordering::SeqCst);
-        seen.series.in_flight(1);
+        // The delivery's in-flight counts (its handler's, the series gauge, the lifecycle's)
+        // pass to this task, which gives them back when it ends; the handler path does not.
         let seen = Observed {
             started: seen.started,
             span: seen.span.clone(),

@@ -97,14 +97,15 @@ impl Settler {
     /// Settles one delivery according to `decision`, and records what happened — in the
     /// consumer's counters, the family's metrics and the processing span — in one place.
     /// A decision that waits, or a move that did not land at once, goes on in a task of
-    /// its own (`consume::moves`) and is recorded there when it ends.
+    /// its own (`consume::moves`) and is recorded there when it ends: then this answers
+    /// `true`, and that task owns the delivery's in-flight count from here on.
     pub(crate) async fn settle(
         &self,
         d: Delivery,
         envelope: &Envelope,
         decision: Decision,
         seen: &Observed,
-    ) {
+    ) -> bool {
         let now = |counter| Step::Done(Some(counter));
         let step = match decision {
             Decision::Ack => now(self.send(&d, ACK, Counter::Acked).await),
@@ -146,14 +147,20 @@ impl Settler {
             Decision::Retry(wait) => self.retry(d, envelope, wait).await,
         };
         match step {
-            Step::Done(Some(counter)) => self.record(
-                counter,
-                &seen.series,
-                seen.started.elapsed(),
-                Some(&seen.span),
-            ),
-            Step::Done(None) => {}
-            Step::Later(job) => self.spawn_later(*job, seen),
+            Step::Done(Some(counter)) => {
+                self.record(
+                    counter,
+                    &seen.series,
+                    seen.started.elapsed(),
+                    Some(&seen.span),
+                );
+                false
+            }
+            Step::Done(None) => false,
+            Step::Later(job) => {
+                self.spawn_later(*job, seen);
+                true
+            }
         }
     }
 
@@ -184,7 +191,7 @@ impl Settler {
         decision: Decision,
         seen: &Observed,
         run: &mut AckRun,
-    ) {
+    ) -> bool {
         if decision != Decision::Ack || self.moves.waiting.load(Ordering::SeqCst) > 0 {
             // Not an ack, or a delivery is out waiting (unacked, with a lower tag): send the
             // run, then this one on its own.
@@ -202,6 +209,7 @@ impl Settler {
         trace::record_consume_outcome(&seen.span, ConsumeOutcome::Acked);
         run.held.push((seen.series.clone(), seen.started.elapsed()));
         run.last = Some(d);
+        false
     }
 
     /// Sends the run as one ack (`multiple` when it holds more than one delivery) and
