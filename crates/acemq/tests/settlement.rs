@@ -53,8 +53,11 @@ async fn a_handler_failing_k_times_runs_k_plus_one_times_with_attempts_from_the_
         for k in 0..=4 {
             send_json(&mq, &q, &format!("k{k}")).await;
         }
-        eventually(WAIT, "5 acks", || async {
-            (consumer.stats().acked == 5).then_some(())
+        // A retry is counted once its copy is confirmed and the original acked, which can
+        // be a moment after the copy was handled: wait for both counts.
+        eventually(WAIT, "5 acks and 10 retries counted", || async {
+            let s = consumer.stats();
+            (s.acked == 5 && s.retried >= 10).then_some(())
         })
         .await;
         for k in 0..=4 {
@@ -421,8 +424,9 @@ async fn a_panicking_handler_is_retried_and_the_consumer_survives() {
             .unwrap();
         send_json(&mq, &q, "p-1").await;
         send_json(&mq, &q, "p-2").await;
-        eventually(WAIT, "both acked", || async {
-            (consumer.stats().acked == 2).then_some(())
+        eventually(WAIT, "both acked and both retries counted", || async {
+            let s = consumer.stats();
+            (s.acked == 2 && s.retried >= 2).then_some(())
         })
         .await;
         assert_eq!(seen.get("p-1"), vec![1, 2]);
@@ -552,7 +556,7 @@ async fn a_rung_deleted_under_a_running_consumer_is_counted_waited_in_the_consum
         // for the wait (in flight, not in any queue).
         settled(&consumer, |s| s.rung_missing == 1).await;
         assert_eq!(consumer.in_flight(), 1, "the wait is spent in the consumer");
-        settled(&consumer, |s| s.acked == 1).await;
+        settled(&consumer, |s| s.acked == 1 && s.retried >= 1).await;
         assert!(
             started.elapsed() >= Duration::from_millis(900),
             "the 1 s wait was served in the consumer, took {:?}",
