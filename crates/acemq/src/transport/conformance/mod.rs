@@ -237,10 +237,11 @@ fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
 /// Runs the case called `name` on the target `make` gives, on a fresh multi-threaded tokio
 /// runtime (two workers): what each test of
 /// [`transport_conformance_tests!`](crate::transport_conformance_tests) calls. `make`
-/// returns a [`Target`], or `None` to skip (a note is printed).
+/// returns a [`Target`], or `None` to skip (a note is printed; with
+/// `ACEMQ_TEST_REQUIRE_BROKER=1` a missing target fails instead).
 ///
 /// # Panics
-/// When the case fails, when there is no case called `name`, or when no runtime can be
+/// When the case fails, when no target is given under `ACEMQ_TEST_REQUIRE_BROKER=1`, when there is no case called `name`, or when no runtime can be
 /// built.
 pub fn run_case<T, F>(name: &str, make: F)
 where
@@ -261,7 +262,14 @@ where
                 eprintln!("-- {}::{} on {}", case.group, case.name, target.name());
                 case.run(&target).await;
             }
-            None => eprintln!("note: no target configured; {name} did not run"),
+            None => {
+                // CI must not pass a case that never ran.
+                assert!(
+                    std::env::var("ACEMQ_TEST_REQUIRE_BROKER").as_deref() != Ok("1"),
+                    "ACEMQ_TEST_REQUIRE_BROKER=1 but no target is configured for {name}"
+                );
+                eprintln!("note: no target configured; {name} did not run");
+            }
         }
     });
 }
