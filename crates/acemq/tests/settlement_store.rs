@@ -264,3 +264,61 @@ async fn a_stalled_consumer_is_degraded_within_its_stall_after() {
     consumer.close().await;
     support::teardown(&mq, &q, &[]).await;
 }
+
+/// The same on RabbitMQ, in real time: a handler that does not finish makes the consumer
+/// Degraded after `stall_after`, the connection stays Up, and a settlement clears it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_consumer_on_rabbitmq_is_degraded_within_its_stall_after() {
+    let Some(url) = support::amqp_url() else {
+        return;
+    };
+    let mq = Connection::connect(&url).await.unwrap();
+    let q = unique("stall-amqp");
+    support::declare_classic(&mq, &q).await;
+    let release = Arc::new(tokio::sync::Notify::new());
+    let r = release.clone();
+    let stall_after = Duration::from_millis(500);
+    let consumer = mq
+        .consume(
+            &q,
+            ConsumerOptions::default().stall_after(stall_after),
+            move |_m: Message<u32>| {
+                let r = r.clone();
+                async move {
+                    r.notified().await;
+                    Ok(())
+                }
+            },
+        )
+        .await
+        .unwrap();
+    mq.publisher::<u32>("", &q).send(&1).await.unwrap();
+    let started = std::time::Instant::now();
+    let stalled = eventually(WAIT, "the consumer stalled", || async {
+        let r = mq.health().report("consumers").cloned().unwrap();
+        (r.status == HealthStatus::Degraded).then_some(r)
+    })
+    .await;
+    assert!(
+        started.elapsed() >= Duration::from_millis(400),
+        "not before stall_after"
+    );
+    assert!(
+        stalled.detail(&format!("stalled.{q}")).is_some(),
+        "{stalled:?}"
+    );
+    assert_eq!(
+        mq.health().report("connection").map(|r| r.status),
+        Some(HealthStatus::Up)
+    );
+    release.notify_one();
+    eventually(WAIT, "settled and Up again", || async {
+        let up = consumer.stats().acked == 1
+            && mq.health().report("consumers").map(|r| r.status) == Some(HealthStatus::Up);
+        up.then_some(())
+    })
+    .await;
+    consumer.close().await;
+    support::teardown(&mq, &q, &[]).await;
+    mq.close().await.unwrap();
+}
