@@ -3,7 +3,7 @@
 #
 #   1. scripts/services.sh   ensure RabbitMQ, PostgreSQL, MariaDB are up
 #   2. cargo fmt --check
-#   3. cargo clippy (all targets, all features, warnings are errors)
+#   3. cargo clippy (all targets, all features, warnings are errors), cargo doc (same)
 #   4. cargo test --workspace --all-features [extra args], in parallel, without the tests
 #      that change global broker state
 #   5. cargo run -p acemq --example quickstart, on memory:// and on RabbitMQ (ACEMQ_URL)
@@ -81,6 +81,9 @@ cargo fmt --all -- --check
 
 step "cargo clippy --workspace --all-targets --all-features -- -D warnings"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
+
+step "cargo doc --workspace --all-features --no-deps (warnings are errors)"
+RUSTDOCFLAGS="${RUSTDOCFLAGS:-} -D warnings" cargo doc --workspace --all-features --no-deps
 
 # Tests that change global broker state (a memory alarm blocks every publisher) run in the
 # serial step below, not beside the others.

@@ -28,6 +28,7 @@
 //! a migration, and `create_table_if_absent()` exists for development and tests.
 #![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
 #![deny(unused_must_use)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![cfg_attr(
     not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
     allow(unused, unreachable_code)
@@ -45,6 +46,9 @@ pub use error::Error;
 pub use idempotency::{IdempotencyOptions, SqlIdempotencyStore};
 pub use ident::TableName;
 pub use pool::{Dialect, SqlPool};
+
+/// The `sqlx` this crate was built with: its pools and transactions appear in the API.
+pub use sqlx;
 
 pub(crate) fn now_millis() -> i64 {
     std::time::SystemTime::now()

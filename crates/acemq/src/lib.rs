@@ -23,6 +23,7 @@
 //!   through the engine; [`replay`] brings dead letters and parked messages back.
 //! - Around it all: [`observe`] (metrics and trace context), [`idempotency`], and the
 //!   `actuator` (feature `actuator`).
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
 #![deny(unused_must_use)]
 
@@ -54,3 +55,21 @@ pub use connection::Connection;
 #[doc = include_str!("../../../README.md")]
 pub struct ReadmeTour;
 pub use error::Error;
+
+/// Crates whose types appear in AceMQ's public API, re-exported so a user's code names the
+/// same versions AceMQ was built with (`acemq::reexports::bytes::Bytes`, …).
+///
+/// ```
+/// let body: acemq::reexports::bytes::Bytes = "hi".into();
+/// let token = acemq::CancellationToken::new();
+/// assert!(!token.is_cancelled() && body.len() == 2);
+/// ```
+pub mod reexports {
+    pub use bytes;
+    pub use time;
+    pub use tokio_util;
+}
+
+/// The token a handler watches to notice shutdown ([`consume::Message::cancellation`]);
+/// re-exported from `tokio_util`.
+pub use tokio_util::sync::CancellationToken;
