@@ -6,7 +6,8 @@
 #   3. cargo clippy (all targets, all features, warnings are errors), cargo doc (same)
 #   4. cargo test --workspace --all-features [extra args], in parallel, without the tests
 #      that change global broker state
-#   5. cargo run -p acemq --example quickstart, on memory:// and on RabbitMQ (ACEMQ_URL)
+#   5. cargo run -p acemq --example quickstart, on memory:// and on RabbitMQ (ACEMQ_URL);
+#      the examples/ that need no services, on memory://
 #   6. one at a time: those tests, then the recovery drills (issue 10), which stop the
 #      broker, force-close connections and start a local 3-node cluster
 #      (scripts/cluster.sh); a trap restores the broker whatever happens
@@ -106,6 +107,12 @@ env -u ACEMQ_URL cargo run -q -p acemq --example quickstart
 
 step "cargo run -p acemq --example quickstart (RabbitMQ at ACEMQ_TEST_AMQP_URL)"
 ACEMQ_URL="$ACEMQ_TEST_AMQP_URL" cargo run -q -p acemq --example quickstart
+
+# The examples that need no services run on memory:// (the rest are built by cargo test).
+for example in publish_202 custom_codec replay_dead_letters outbox_axum; do
+  step "cargo run -p acemq-examples --example $example (memory://)"
+  env -u ACEMQ_URL cargo run -q -p acemq-examples --example "$example"
+done
 
 # --- drills: one at a time, after the parallel tests (issue 10) -------------------------
 # Put the broker back whatever happens: the app running, the watermark at 0.4, the local
