@@ -36,7 +36,7 @@ async fn setup(target: &Target, prefix: &str) -> (Connection, String) {
 fn tenant(i: usize, vip: &dyn Fn(usize) -> bool) -> &'static str {
     if vip(i) {
         "vip"
-    } else if i % 2 == 0 {
+    } else if i.is_multiple_of(2) {
         "even"
     } else {
         "odd"
