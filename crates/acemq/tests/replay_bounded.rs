@@ -224,6 +224,17 @@ async fn a_peek_shows_the_reason_and_provenance_and_moves_nothing() {
                 .is_some_and(|at| at.ends_with('Z'))
         );
         assert!(all[0].redelivered, "peeked before");
+        // Two peeks at once on one connection take turns: each sees the head.
+        let parked = replay.clone().parked();
+        let (a, b) = tokio::join!(replay.peek(3), parked.peek(3));
+        assert_eq!(a.unwrap().len(), 3);
+        assert!(b.unwrap().is_empty());
+        let (a, b) = tokio::join!(replay.peek(3), replay.peek(3));
+        let heads = |v: Vec<acemq::replay::PeekedMessage>| -> Vec<String> {
+            v.into_iter().map(|m| m.id.unwrap()).collect()
+        };
+        assert_eq!(heads(a.unwrap()), numbered(0..3));
+        assert_eq!(heads(b.unwrap()), numbered(0..3));
         assert_eq!(wait_for_count(&**t, &dlq, 21, WAIT).await, 21);
         let mut expected = numbered(0..20);
         expected.push("again".into());
