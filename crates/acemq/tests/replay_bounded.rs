@@ -15,7 +15,7 @@ use acemq::Connection;
 use acemq::envelope::{self, Envelope};
 use acemq::headers::HeaderValue;
 use acemq::transport::memory::MemoryTransport;
-use acemq::transport::{ConsumeSpec, Delivery, Outbound, Properties, Transport};
+use acemq::transport::{ConsumeSpec, Delivery, Outbound, Properties, Transport, header_frame_size};
 use support::{
     Target, connect_with_classic_queue, declare_classic, on_each_target, teardown, wait_for_count,
 };
@@ -474,6 +474,54 @@ async fn a_scan_limit_stops_the_pass() {
         assert_eq!(mq.replay(&q).pending().await.unwrap(), 30);
         assert_eq!(ids(&drain(&**t, &q, 20).await), numbered(0..20));
         assert_eq!(ids(&drain(&**t, &dlq, 30).await), numbered(20..50));
+        teardown(&mq, &q, &[]).await;
+    })
+    .await;
+}
+
+/// A dead letter whose headers already come within 100 bytes of `frame_max`: its replayed
+/// copy (with the provenance headers) cannot be sent, so it counts as failed and stays
+/// where it was, and the pass goes on to the next one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_too_large_to_send_counts_as_failed_and_the_pass_goes_on() {
+    on_each_target(|target: Target| async move {
+        let (mq, q) = setup(&target, "replay-too-large").await;
+        let t = mq.transport();
+        let dlq = format!("{q}.dlq");
+        let mut big = Properties {
+            message_id: Some("huge".into()),
+            ..Default::default()
+        };
+        big.headers.insert("x-big".into(), HeaderValue::from(""));
+        let fill = t.frame_max() as usize - 100 - header_frame_size(&big);
+        big.headers
+            .insert("x-big".into(), HeaderValue::from("b".repeat(fill)));
+        let fine = Properties {
+            message_id: Some("fine".into()),
+            ..Default::default()
+        };
+        for props in [big, fine] {
+            let c = t
+                .publish(Outbound::new("", &dlq, props, "{}"))
+                .await
+                .unwrap();
+            assert_eq!(c.await.unwrap(), acemq::transport::Confirmation::Routed);
+        }
+        wait_for_count(&**t, &dlq, 2, WAIT).await;
+        let report = mq.replay(&q).replay_all().await.unwrap();
+        assert_eq!(
+            (
+                report.scanned,
+                report.replayed,
+                report.failed,
+                report.declined
+            ),
+            (2, 1, 1, 0)
+        );
+        assert_eq!(report.matched_ids, vec!["fine".to_owned()]);
+        assert_eq!(ids(&drain(&**t, &q, 1).await), ["fine"]);
+        wait_for_count(&**t, &dlq, 1, WAIT).await;
+        assert_eq!(ids(&drain(&**t, &dlq, 1).await), ["huge"]);
         teardown(&mq, &q, &[]).await;
     })
     .await;
