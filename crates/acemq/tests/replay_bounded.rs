@@ -526,3 +526,42 @@ async fn a_copy_too_large_to_send_counts_as_failed_and_the_pass_goes_on() {
     })
     .await;
 }
+
+/// A peek killed while it holds messages loses nothing: they go back when its connection
+/// closes, each once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peek_killed_while_holding_loses_nothing() {
+    on_each_target(|target: Target| async move {
+        let (mq, q) = setup(&target, "peek-kill").await;
+        let dlq = format!("{q}.dlq");
+        dead_letters(&**mq.transport(), &q, 2_000, &no_vip).await;
+        let replay = mq.replay(&q);
+        let task = tokio::spawn(async move { replay.peek(1_500).await });
+        // Killed once it holds some (on RabbitMQ), or once done (`memory://` peeks in one go).
+        let watch = target.transport().await;
+        support::eventually(WAIT, "the peek to hold messages", || async {
+            let ready = watch.inspect_queue(&dlq).await.unwrap().message_count;
+            (ready < 2_000 || task.is_finished()).then_some(())
+        })
+        .await;
+        let finished = task.is_finished();
+        task.abort();
+        let ended = task.await;
+        if matches!(target, Target::Amqp(_)) {
+            assert!(
+                !finished && ended.is_err_and(|e| e.is_cancelled()),
+                "the kill landed while the peek held messages"
+            );
+        }
+        mq.close().await.unwrap();
+        assert_eq!(wait_for_count(&*watch, &dlq, 2_000, WAIT).await, 2_000);
+        let back = drain(&*watch, &dlq, 2_000).await;
+        assert_eq!(ids(&back), numbered(0..2_000), "each once, in order");
+        assert_eq!(watch.inspect_queue(&dlq).await.unwrap().message_count, 0);
+        for name in [q.clone(), dlq, format!("{q}.parked")] {
+            watch.delete_queue(&name).await.ok();
+        }
+        watch.close().await.ok();
+    })
+    .await;
+}
