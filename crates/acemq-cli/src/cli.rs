@@ -160,6 +160,10 @@ pub struct ReplayArgs {
     /// Stop after examining this many messages.
     #[arg(long, value_name = "N")]
     pub scan_limit: Option<usize>,
+    /// Hold at most this many passed-over messages unacked at once (the library's default
+    /// is 100); beyond that they go to the tail of the queue.
+    #[arg(long, value_name = "N")]
+    pub hold_limit: Option<usize>,
 }
 
 /// `acemq dlq purge`

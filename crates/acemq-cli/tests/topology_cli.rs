@@ -113,6 +113,7 @@ async fn apply_then_diff_is_clean_and_drift_is_reported_per_item() {
     let Some(url) = amqp_url() else { return };
     let mq = Connection::connect(&url).await.unwrap();
     let (q, ex) = (unique("topo"), unique("topo-ex"));
+    let _guard = support::Cleanup::new(&url, &q);
     let f = topology_file(&q, &ex);
 
     // Before apply: everything of ours is missing, nothing fails half-way.

@@ -2,8 +2,9 @@
 //! age of its oldest dead letter.
 //!
 //! Discovery: the management API (every queue of the vhost whose name ends in `.dlq` or
-//! `.parked`); without it, the queues named on the command line or in a topology file,
-//! counted over AMQP (ready only: AMQP cannot count unacked messages).
+//! `.parked`); without it, the queues named on the command line or in a topology file.
+//! Ready counts are always read over AMQP (exact at that moment); unacked counts come from
+//! the management API (AMQP cannot count them), "?" without it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -176,20 +177,18 @@ pub async fn run(args: ListArgs, ctx: &Context) -> Outcome {
     Ok(if partial { PARTIAL } else { OK })
 }
 
-/// A companion queue's counts: from the management API's list, else a passive declare;
-/// `None` when it does not exist.
+/// A companion queue's counts: ready from a passive declare (exact, now), unacked from the
+/// management API's list when there is one (its figures are up to a few seconds old);
+/// `None` when the queue does not exist.
 async fn counts(
     mq: &Connection,
     stats: &BTreeMap<String, Counts>,
     name: &str,
 ) -> Result<Option<Counts>, String> {
-    if !stats.is_empty() {
-        return Ok(stats.get(name).copied());
-    }
     match mq.transport().inspect_queue(name).await {
         Ok(info) => Ok(Some(Counts {
             ready: u64::from(info.message_count),
-            unacked: None,
+            unacked: stats.get(name).and_then(|c| c.unacked),
         })),
         Err(e) if e.is_not_found() => Ok(None),
         Err(e) => Err(e.to_string()),

@@ -71,7 +71,10 @@ pub fn print_full(out: &Out, queue: &str, m: &PeekedMessage, max_body: usize) {
     field("queue", queue.to_owned());
     field("id", opt(&m.id));
     field("type", opt(&m.message_type));
-    field("attempt", m.attempt.map_or_else(|| "-".into(), |a| a.to_string()));
+    field(
+        "attempt",
+        m.attempt.map_or_else(|| "-".into(), |a| a.to_string()),
+    );
     let seen = match (rfc3339(m.first_seen), m.age) {
         (Value::String(t), Some(a)) => format!("{t} ({} ago)", age(a)),
         (Value::String(t), None) => t,
@@ -108,10 +111,7 @@ pub fn print_full(out: &Out, queue: &str, m: &PeekedMessage, max_body: usize) {
         Err(_) => match std::str::from_utf8(&m.body) {
             Ok(s) => s.to_owned(),
             Err(_) => {
-                println!(
-                    "{}",
-                    out.dim("(binary; --json shows it as base64)")
-                );
+                println!("{}", out.dim("(binary; --json shows it as base64)"));
                 return;
             }
         },

@@ -36,7 +36,7 @@ fn replay_of(mq: &acemq::Connection, queue: &str, parked: bool) -> Replay {
 /// never "older than" anything.
 fn matches(f: &FilterArgs, d: &DeadLetter<'_>) -> bool {
     if let Some(t) = &f.message_type
-        && d.message_type().as_deref() != Some(t.as_str())
+        && d.message_type() != t.as_str()
     {
         return false;
     }
@@ -46,21 +46,13 @@ fn matches(f: &FilterArgs, d: &DeadLetter<'_>) -> bool {
         return false;
     }
     if let Some(min) = f.older_than
-        && !d.age().is_some_and(|a| a >= min)
+        && d.age().is_none_or(|a| a < min)
     {
         return false;
     }
     f.headers
         .iter()
         .all(|(k, v)| d.header(k).as_deref() == Some(v.as_str()))
-}
-
-/// Whether any filter is set.
-fn filtered(f: &FilterArgs) -> bool {
-    f.message_type.is_some()
-        || f.error_contains.is_some()
-        || f.older_than.is_some()
-        || !f.headers.is_empty()
 }
 
 /// A progress bar on stderr with rate and ETA; hidden when stderr is not a terminal or

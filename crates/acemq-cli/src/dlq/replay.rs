@@ -9,7 +9,7 @@ use serde_json::json;
 
 use crate::Context;
 use crate::cli::{FilterArgs, PurgeArgs, ReplayArgs};
-use crate::dlq::{filtered, matches, progress, replay_of};
+use crate::dlq::{matches, progress, replay_of};
 use crate::fail::{Failure, OK, Outcome, PARTIAL};
 
 /// How many matching ids a dry run lists in text (all of them in JSON).
@@ -25,6 +25,9 @@ pub async fn replay(args: ReplayArgs, ctx: &Context) -> Outcome {
     if let Some(n) = args.scan_limit {
         r = r.scan_limit(n);
     }
+    if let Some(n) = args.hold_limit {
+        r = r.hold_limit(n);
+    }
     let (from, to) = (r.from_queue().to_owned(), r.to_queue().to_owned());
     let waiting = u64::from(r.pending().await?);
     let total = args.scan_limit.map_or(waiting, |s| waiting.min(s as u64));
@@ -38,7 +41,8 @@ pub async fn replay(args: ReplayArgs, ctx: &Context) -> Outcome {
     let filter = args.filter.clone();
     let started = Instant::now();
     let result = if args.dry_run {
-        r.dry_run_matching(limit, move |d| matches(&filter, d)).await
+        r.dry_run_matching(limit, move |d| matches(&filter, d))
+            .await
     } else {
         r.replay_matching(limit, move |d| matches(&filter, d)).await
     };
@@ -66,7 +70,10 @@ pub async fn replay(args: ReplayArgs, ctx: &Context) -> Outcome {
             println!("  {id}");
         }
         if report.matched_ids.len() > SHOWN_IDS {
-            println!("  … and {} more (--json lists all)", report.matched_ids.len() - SHOWN_IDS);
+            println!(
+                "  … and {} more (--json lists all)",
+                report.matched_ids.len() - SHOWN_IDS
+            );
         }
     } else {
         print_summary(ctx, &report, &from, &to, took.as_secs_f64());
@@ -130,15 +137,11 @@ pub async fn purge(args: PurgeArgs, ctx: &Context) -> Outcome {
         Some(_) => {
             let bar = progress(u64::from(waiting), ctx.out.json);
             let shown = bar.clone();
-            let r = r.on_progress(move |p| {
-                shown.set_position(p.scanned as u64);
-                shown.set_message(format!("{} purged", p.purged));
-            });
+            let r = r.on_progress(move |p| shown.set_position(p.scanned as u64));
             let filter = FilterArgs {
                 older_than: args.older_than,
                 ..FilterArgs::default()
             };
-            debug_assert!(filtered(&filter));
             let result = r.purge_matching(move |d| matches(&filter, d)).await;
             bar.finish_and_clear();
             let _ = mq.close().await;

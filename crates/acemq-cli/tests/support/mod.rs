@@ -196,3 +196,56 @@ pub async fn run_watching(url: &str, args: &[&str], queue: &str) -> (Output, u32
     let _ = watcher.close().await;
     (child.wait_with_output().expect("output"), lowest)
 }
+
+/// Deletes `q`, `q.dlq` and `q.parked` through the management API when dropped, so a
+/// failing test leaves nothing behind (best effort; the tests also clean up in line).
+pub struct Cleanup {
+    base: String,
+    auth: (String, String),
+    vhost: String,
+    names: Vec<String>,
+}
+
+impl Cleanup {
+    /// A guard for the queue family of `q` on the broker at `amqp_url`.
+    pub fn new(amqp_url: &str, q: &str) -> Cleanup {
+        let u = url::Url::parse(amqp_url).expect("an AMQP URL");
+        let vhost = match u.path() {
+            "" | "/" => "/".to_owned(),
+            p => percent_encoding::percent_decode_str(&p[1..])
+                .decode_utf8_lossy()
+                .into_owned(),
+        };
+        Cleanup {
+            base: format!("http://{}:15672", u.host_str().unwrap_or("127.0.0.1")),
+            auth: (
+                u.username().to_owned(),
+                u.password().unwrap_or("guest").to_owned(),
+            ),
+            vhost,
+            names: vec![q.to_owned(), dead_letter_queue(q), parked_queue(q)],
+        }
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        use base64::Engine as _;
+        let enc = |s: &str| {
+            percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
+        };
+        let auth = base64::engine::general_purpose::STANDARD
+            .encode(format!("{}:{}", self.auth.0, self.auth.1));
+        for name in &self.names {
+            let url = format!(
+                "{}/api/queues/{}/{}",
+                self.base,
+                enc(&self.vhost),
+                enc(name)
+            );
+            let _ = ureq::delete(&url)
+                .header("Authorization", &format!("Basic {auth}"))
+                .call();
+        }
+    }
+}
