@@ -81,14 +81,19 @@ pub fn print_table(t: &Table) {
     }
 }
 
-/// `45s`, `12m 3s`, `3h 5m`, `2d 4h`: two units at most.
+/// `45s`, `12m 3s`, `3h 5m`, `2d 4h`, `1d`: two units at most, a zero second unit left out.
 pub fn age(d: Duration) -> String {
     let s = d.as_secs();
-    match s {
-        0..60 => format!("{s}s"),
-        60..3_600 => format!("{}m {}s", s / 60, s % 60),
-        3_600..86_400 => format!("{}h {}m", s / 3_600, (s % 3_600) / 60),
-        _ => format!("{}d {}h", s / 86_400, (s % 86_400) / 3_600),
+    let (big, big_unit, small, small_unit) = match s {
+        0..60 => return format!("{s}s"),
+        60..3_600 => (s / 60, "m", s % 60, "s"),
+        3_600..86_400 => (s / 3_600, "h", (s % 3_600) / 60, "m"),
+        _ => (s / 86_400, "d", (s % 86_400) / 3_600, "h"),
+    };
+    if small == 0 {
+        format!("{big}{big_unit}")
+    } else {
+        format!("{big}{big_unit} {small}{small_unit}")
     }
 }
 
@@ -116,6 +121,7 @@ mod tests {
         assert_eq!(age(Duration::from_secs(59)), "59s");
         assert_eq!(age(Duration::from_secs(723)), "12m 3s");
         assert_eq!(age(Duration::from_secs(3 * 86_400 + 7_300)), "3d 2h");
+        assert_eq!(age(Duration::from_secs(86_400)), "1d");
         assert_eq!(cut("abc\ndef", 10), "abc def");
         assert_eq!(cut("abcdef", 4), "abc…");
     }

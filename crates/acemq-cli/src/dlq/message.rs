@@ -19,7 +19,7 @@ pub fn row(i: usize, m: &PeekedMessage) -> Vec<String> {
         m.message_type.clone().unwrap_or_else(|| "-".into()),
         m.attempt.map_or_else(|| "-".into(), |a| a.to_string()),
         m.age.map_or_else(|| "-".into(), age),
-        cut(m.error.as_deref().unwrap_or("-"), 70),
+        cut(m.error.as_deref().unwrap_or("-"), 80),
     ]
 }
 

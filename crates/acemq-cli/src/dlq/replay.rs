@@ -11,6 +11,7 @@ use crate::Context;
 use crate::cli::{FilterArgs, PurgeArgs, ReplayArgs};
 use crate::dlq::{matches, progress, replay_of};
 use crate::fail::{Failure, OK, Outcome, PARTIAL};
+use crate::output::age;
 
 /// How many matching ids a dry run lists in text (all of them in JSON).
 const SHOWN_IDS: usize = 20;
@@ -99,10 +100,7 @@ pub async fn purge(args: PurgeArgs, ctx: &Context) -> Outcome {
     let from = r.from_queue().to_owned();
     let waiting = r.pending().await?;
     let what = match args.older_than {
-        Some(d) => format!(
-            "the messages first seen more than {} ago",
-            humantime::format_duration(d)
-        ),
+        Some(d) => format!("the messages first seen more than {} ago", age(d)),
         None => format!("all {waiting} messages"),
     };
     if waiting == 0 {
