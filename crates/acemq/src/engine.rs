@@ -85,6 +85,9 @@ pub(crate) struct Engine {
     pub(crate) lifecycle: Lifecycle,
     pub(crate) interceptors: Interceptors,
     health: HealthRegistry,
+    /// Held by one replay pass or peek at a time: they share the transport's basic.get
+    /// channel, and hand held messages back with one `multiple` nack.
+    pub(crate) gets: tokio::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -114,6 +117,7 @@ impl Engine {
             lifecycle: Lifecycle::default(),
             interceptors: Interceptors::default(),
             health: HealthRegistry::new(),
+            gets: tokio::sync::Mutex::new(()),
         })
     }
 

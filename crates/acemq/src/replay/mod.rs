@@ -29,10 +29,17 @@
 //! original's ack leaves the message twice in the queue, never zero times.
 //!
 //! **Peeking.** [`Replay::peek`] holds at most `n` messages unacked and hands them back
-//! in their order; if the process dies while peeking, the broker returns them when the
-//! connection closes.
+//! with one `basic.nack` (multiple, requeue); if the process dies while peeking, the broker
+//! returns them when the connection closes. A classic queue (what `{q}.dlq` and
+//! `{q}.parked` are) puts them back where they were, marked redelivered; a RabbitMQ 3.10
+//! quorum queue would put them behind the others (in their order) and count a delivery.
+//! RabbitMQ requeues asynchronously: [`Replay::pending`] can lag a peek by a moment.
 //!
-//! One pass or peek at a time per [`crate::Connection`]: they share its basic.get channel.
+//! One pass or peek at a time per [`crate::Connection`] (a second one waits): they share
+//! its basic.get channel. Use another connection to run them side by side.
+//!
+//! Java stops a filtered replay at the first message its filter declines; this library
+//! goes on, bounded as above (wire.md §7, "our choice").
 
 mod peek;
 mod scan;

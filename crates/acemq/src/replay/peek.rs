@@ -3,7 +3,7 @@
 //!
 //! This module owns [`PeekedMessage`] (what an operator sees of one message, read through
 //! the envelope) and [`Replay::peek`]: up to `n` basic.gets, never more than `n` unacked,
-//! then every one handed back in its order (see `scan::give_back`). If the process dies
+//! then all handed back in their order with one nack (see `scan::give_back`). If the process dies
 //! while it holds them, the broker returns them when the connection closes.
 
 use std::time::Duration;
@@ -125,6 +125,7 @@ impl Replay {
     /// # Ok(()) }
     /// ```
     pub async fn peek(&self, n: usize) -> Result<Vec<PeekedMessage>, Error> {
+        let _one_at_a_time = self.engine.gets.lock().await;
         let mut held: Vec<Delivery> = Vec::with_capacity(n.min(1024));
         let mut failure = None;
         while held.len() < n {

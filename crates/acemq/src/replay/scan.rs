@@ -49,6 +49,7 @@ impl Replay {
     where
         F: FnMut(&DeadLetter<'_>) -> bool,
     {
+        let _one_at_a_time = self.engine.gets.lock().await;
         let at_start = self.pending().await? as usize;
         let budget = self
             .scan_limit
@@ -241,20 +242,24 @@ pub(super) async fn to_tail(replay: &Replay, held: Vec<Delivery>) -> Result<(), 
     failure.map_or(Ok(()), Err)
 }
 
-/// Returns held messages to their places, in their order (nack with requeue, the last
-/// first: RabbitMQ classic queues put a requeued message back where it was whatever the
-/// order, and `memory://` puts each at the head). A settlement that cannot be sent means
-/// the channel is gone, and the broker has returned the message already.
+/// Returns held messages to their places, in their order, with one basic.nack
+/// (`multiple`, requeue) on the last of them: every earlier unsettled delivery of the
+/// basic.get channel is one of them, since one pass or peek at a time uses it
+/// ([`crate::engine::Engine`]'s `gets` lock). RabbitMQ classic queues (what `{q}.dlq` and
+/// `{q}.parked` are) and `memory://` put them back at the head in their order; a RabbitMQ
+/// 3.10 quorum queue puts returned messages behind the others, in their order. A nack that
+/// cannot be sent means the channel is gone, and the broker has returned them already.
 pub(super) async fn give_back(held: Vec<Delivery>) {
-    for d in held.into_iter().rev() {
-        let requeue = Settlement::Nack {
-            multiple: false,
-            requeue: true,
-        };
-        if let Err(e) = d.acker.settle(requeue).await
-            && !matches!(e, TransportError::AckNotSent)
-        {
-            tracing::debug!(error = %e, "a held message goes back when its channel closes");
-        }
+    let Some(last) = held.last() else {
+        return;
+    };
+    let requeue = Settlement::Nack {
+        multiple: true,
+        requeue: true,
+    };
+    if let Err(e) = last.acker.settle(requeue).await
+        && !matches!(e, TransportError::AckNotSent)
+    {
+        tracing::debug!(error = %e, "held messages go back when their channel closes");
     }
 }

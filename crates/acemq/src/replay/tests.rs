@@ -51,3 +51,25 @@ async fn a_copy_that_routes_nowhere_is_reported_as_unroutable() {
     assert_eq!(replay.pending().await.unwrap(), 1, "the dead letter stays");
     t.close().await.unwrap();
 }
+
+#[test]
+fn a_filter_reads_scalar_headers_as_text() {
+    use super::header_text;
+    use crate::headers::{HeaderValue, Headers};
+    assert_eq!(
+        header_text(&HeaderValue::from("acme")).as_deref(),
+        Some("acme")
+    );
+    assert_eq!(header_text(&HeaderValue::I32(42)).as_deref(), Some("42"));
+    assert_eq!(header_text(&HeaderValue::U8(7)).as_deref(), Some("7"));
+    assert_eq!(
+        header_text(&HeaderValue::Bool(true)).as_deref(),
+        Some("true")
+    );
+    assert_eq!(
+        header_text(&HeaderValue::Bytes(b"raw".to_vec())).as_deref(),
+        Some("raw")
+    );
+    assert_eq!(header_text(&HeaderValue::Table(Headers::new())), None);
+    assert_eq!(header_text(&HeaderValue::Void), None);
+}
