@@ -59,9 +59,7 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => {
             let code = match e.kind() {
-                ErrorKind::DisplayHelp
-                | ErrorKind::DisplayVersion
-                | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => fail::OK,
+                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => fail::OK,
                 _ => fail::USAGE,
             };
             let _ = e.print();

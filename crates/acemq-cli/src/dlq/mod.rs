@@ -10,7 +10,7 @@ mod replay;
 use std::io::IsTerminal;
 
 use acemq::replay::{DeadLetter, Replay};
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressState, ProgressStyle};
 
 use crate::Context;
 use crate::cli::{DlqCommand, FilterArgs};
@@ -30,6 +30,23 @@ pub async fn run(cmd: DlqCommand, ctx: &Context) -> Outcome {
 fn replay_of(mq: &acemq::Connection, queue: &str, parked: bool) -> Replay {
     let r = mq.replay(queue);
     if parked { r.parked() } else { r }
+}
+
+/// The replay of `queue`, once its `.dlq` (or `.parked`) is known to exist.
+async fn existing_replay(
+    mq: &acemq::Connection,
+    queue: &str,
+    parked: bool,
+) -> Result<Replay, crate::fail::Failure> {
+    let r = replay_of(mq, queue, parked);
+    match mq.transport().inspect_queue(r.from_queue()).await {
+        Ok(_) => Ok(r),
+        Err(e) if e.is_not_found() => Err(crate::fail::Failure::error(format!(
+            "{} does not exist: give the source queue's name (acemq dlq list shows the queues that have one)",
+            r.from_queue()
+        ))),
+        Err(e) => Err(crate::fail::Failure::error(e.to_string())),
+    }
 }
 
 /// Whether a dead letter passes every filter given. A message whose age is unknown is
@@ -64,10 +81,16 @@ fn progress(total: u64, json: bool) -> ProgressBar {
         ProgressDrawTarget::stderr()
     };
     let bar = ProgressBar::with_draw_target(Some(total), target);
-    if let Ok(style) = ProgressStyle::with_template(
-        "{bar:30.cyan/blue} {pos}/{len} scanned  {msg}  {per_sec}  ETA {eta}",
-    ) {
-        bar.set_style(style.progress_chars("=> "));
+    if let Ok(style) =
+        ProgressStyle::with_template("{bar:24.cyan/blue} {pos}/{len} {msg} {rate} ETA {eta}")
+    {
+        let style = style.progress_chars("=> ").with_key(
+            "rate",
+            |s: &ProgressState, w: &mut dyn std::fmt::Write| {
+                let _ = write!(w, "{:.0}/s", s.per_sec());
+            },
+        );
+        bar.set_style(style);
     }
     bar
 }

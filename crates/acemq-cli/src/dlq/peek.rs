@@ -5,15 +5,15 @@ use serde_json::{Value, json};
 
 use crate::Context;
 use crate::cli::PeekArgs;
+use crate::dlq::existing_replay;
 use crate::dlq::message::{self, HEADER};
-use crate::dlq::replay_of;
 use crate::fail::{ERROR, OK, Outcome};
 use crate::output::{print_table, table};
 
 /// Runs `acemq dlq peek`.
 pub async fn run(args: PeekArgs, ctx: &Context) -> Outcome {
     let mq = ctx.broker.connect().await?;
-    let replay = replay_of(&mq, &args.queue, args.parked);
+    let replay = existing_replay(&mq, &args.queue, args.parked).await?;
     let from = replay.from_queue().to_owned();
     let n = args
         .count

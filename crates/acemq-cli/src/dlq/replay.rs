@@ -9,7 +9,7 @@ use serde_json::json;
 
 use crate::Context;
 use crate::cli::{FilterArgs, PurgeArgs, ReplayArgs};
-use crate::dlq::{matches, progress, replay_of};
+use crate::dlq::{existing_replay, matches, progress};
 use crate::fail::{Failure, OK, Outcome, PARTIAL};
 use crate::output::age;
 
@@ -19,7 +19,7 @@ const SHOWN_IDS: usize = 20;
 /// Runs `acemq dlq replay`.
 pub async fn replay(args: ReplayArgs, ctx: &Context) -> Outcome {
     let mq = ctx.broker.connect().await?;
-    let mut r = replay_of(&mq, &args.queue, args.parked);
+    let mut r = existing_replay(&mq, &args.queue, args.parked).await?;
     if args.keep_attempts {
         r = r.keeping_attempts();
     }
@@ -36,7 +36,10 @@ pub async fn replay(args: ReplayArgs, ctx: &Context) -> Outcome {
     let shown = bar.clone();
     let r = r.on_progress(move |p| {
         shown.set_position(p.scanned as u64);
-        shown.set_message(format!("{} replayed, {} declined", p.replayed, p.declined));
+        shown.set_message(format!(
+            "scanned, {} replayed, {} declined",
+            p.replayed, p.declined
+        ));
     });
     let limit = args.limit.unwrap_or(waiting as usize);
     let filter = args.filter.clone();
@@ -96,7 +99,7 @@ fn print_summary(ctx: &Context, report: &ReplayReport, from: &str, to: &str, sec
 /// Runs `acemq dlq purge`.
 pub async fn purge(args: PurgeArgs, ctx: &Context) -> Outcome {
     let mq = ctx.broker.connect().await?;
-    let r = replay_of(&mq, &args.queue, args.parked);
+    let r = existing_replay(&mq, &args.queue, args.parked).await?;
     let from = r.from_queue().to_owned();
     let waiting = r.pending().await?;
     let what = match args.older_than {
@@ -135,7 +138,10 @@ pub async fn purge(args: PurgeArgs, ctx: &Context) -> Outcome {
         Some(_) => {
             let bar = progress(u64::from(waiting), ctx.out.json);
             let shown = bar.clone();
-            let r = r.on_progress(move |p| shown.set_position(p.scanned as u64));
+            let r = r.on_progress(move |p| {
+                shown.set_position(p.scanned as u64);
+                shown.set_message("scanned");
+            });
             let filter = FilterArgs {
                 older_than: args.older_than,
                 ..FilterArgs::default()
