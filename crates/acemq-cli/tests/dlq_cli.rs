@@ -7,10 +7,11 @@ use std::time::Duration;
 
 use acemq::Connection;
 use acemq::consume::{ConsumerOptions, HandlerError, Message};
-use acemq::topology::dead_letter_queue;
+use acemq::topology::{dead_letter_queue, parked_queue};
+use acemq::transport::{Outbound, Properties};
 use support::{
-    Seed, amqp_url, cleanup, declare_dead_lettered, eventually, json, ready, run, run_watching,
-    seed, stdout,
+    Seed, TempFile, amqp_url, cleanup, declare_dead_lettered, eventually, json, ready, run,
+    run_watching, seed, stdout,
 };
 
 const REASON: &str = "an order of zero cents cannot be charged";
@@ -31,6 +32,13 @@ async fn peek_shows_the_reason_and_leaves_the_count_unchanged() {
             .await
             .unwrap();
     }
+    // And a body that does not decode: parked without running the handler.
+    let props = Properties {
+        content_type: Some("application/json".into()),
+        ..Properties::default()
+    };
+    let out = Outbound::new("", q.as_str(), props, b"not json".to_vec());
+    mq.transport().publish(out).await.unwrap().await.unwrap();
     let consumer = mq
         .consume(
             &q,
@@ -41,10 +49,10 @@ async fn peek_shows_the_reason_and_leaves_the_count_unchanged() {
         .unwrap();
     let dlq = dead_letter_queue(&q);
     let t = mq.transport().clone();
-    eventually(Duration::from_secs(20), "3 dead letters", || {
-        let t = t.clone();
-        let dlq = dlq.clone();
-        async move { ready(&t, &dlq).await == 3 }
+    let parked = parked_queue(&q);
+    eventually(Duration::from_secs(20), "3 dead letters, 1 parked", || {
+        let (t, dlq, parked) = (t.clone(), dlq.clone(), parked.clone());
+        async move { ready(&t, &dlq).await == 3 && ready(&t, &parked).await == 1 }
     })
     .await;
     consumer.close().await;
@@ -73,6 +81,12 @@ async fn peek_shows_the_reason_and_leaves_the_count_unchanged() {
     );
     assert!(text.contains("2 of 3 waiting"), "{text}");
 
+    let j = json(&run(Some(&url), &["dlq", "peek", &q, "--parked", "--json"]));
+    assert_eq!(j["queue"], parked.as_str());
+    assert_eq!(j["messages"][0]["body"], "not json", "{j}");
+    assert_eq!(j["messages"][0]["body_encoding"], "text", "{j}");
+    assert_eq!(ready(&t, &parked).await, 1);
+
     let id = msgs[1]["id"].as_str().unwrap();
     let full = stdout(&run(Some(&url), &["dlq", "peek", &q, "--id", id]));
     assert!(full.contains(REASON), "{full}");
@@ -99,7 +113,7 @@ async fn peek_shows_the_reason_and_leaves_the_count_unchanged() {
         .clone();
     assert_eq!(row["dlq"]["ready"], 3, "{row}");
     assert_eq!(row["dlq"]["unacked"], 0, "{row}");
-    assert_eq!(row["parked"]["ready"], 0, "{row}");
+    assert_eq!(row["parked"]["ready"], 1, "{row}");
     assert!(row["oldest_age_seconds"].is_u64(), "{row}");
     // Without the management API: the queue named on the command line, counted over AMQP.
     let o = run(
@@ -116,6 +130,28 @@ async fn peek_shows_the_reason_and_leaves_the_count_unchanged() {
     let j = json(&o);
     assert_eq!(j["discovery"], "named", "{j}");
     assert_eq!(j["queues"][0]["dlq"]["ready"], 3, "{j}");
+    assert_eq!(
+        j["queues"][0]["dlq"]["unacked"],
+        serde_json::Value::Null,
+        "{j}"
+    );
+    // ... or the queues of a topology file that have a .dlq.
+    let file = TempFile::toml(&format!("[[queue]]\nname = \"{q}\"\ndead_letter = true\n"));
+    let o = run(
+        Some(&url),
+        &[
+            "dlq",
+            "list",
+            "-f",
+            file.arg(),
+            "--management-url",
+            "http://127.0.0.1:1",
+            "--json",
+        ],
+    );
+    let j = json(&o);
+    assert_eq!(j["queues"][0]["queue"], q.as_str(), "{j}");
+    assert_eq!(j["queues"][0]["parked"]["ready"], 1, "{j}");
 
     cleanup(&mq, &q).await;
     mq.close().await.ok();

@@ -6,9 +6,9 @@ mod support;
 use acemq::Connection;
 use acemq::headers::HeaderValue;
 use acemq::topology::QueueDecl;
-use support::{amqp_url, json, run, stdout, unique};
+use support::{TempFile, amqp_url, json, run, stdout, unique};
 
-fn topology_file(q: &str, exchange: &str) -> tempfile_path::Path {
+fn topology_file(q: &str, exchange: &str) -> TempFile {
     let text = format!(
         r#"
 [[exchange]]
@@ -25,30 +25,7 @@ exchange = "{exchange}"
 routing_key = "order.*"
 "#
     );
-    tempfile_path::Path::with(&text)
-}
-
-/// A file in the target dir that is removed when dropped (no extra crate for this).
-mod tempfile_path {
-    pub struct Path(pub std::path::PathBuf);
-    impl Path {
-        pub fn with(text: &str) -> Path {
-            let dir = std::env::temp_dir();
-            let p = dir.join(format!("{}.toml", super::unique("topology")));
-            let mut f = std::fs::File::create(&p).expect("temp file");
-            f.write_all(text.as_bytes()).expect("written");
-            Path(p)
-        }
-        pub fn arg(&self) -> &str {
-            self.0.to_str().expect("utf-8 path")
-        }
-    }
-    use std::io::Write;
-    impl Drop for Path {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_file(&self.0);
-        }
-    }
+    TempFile::toml(&text)
 }
 
 #[test]
@@ -102,7 +79,7 @@ fn the_plan_shows_what_the_builder_declares() {
     }
     let j = json(&run(None, &["topology", "plan", "-f", f.arg(), "--json"]));
     assert_eq!(j["items"].as_array().map(Vec::len), Some(8)); // 2 exchanges, 3 queues, 3 bindings
-    let bad = tempfile_path::Path::with("[[queue]]\nname = \"q\"\ntype = \"stream\"\n");
+    let bad = TempFile::toml("[[queue]]\nname = \"q\"\ntype = \"stream\"\n");
     let o = run(None, &["topology", "plan", "-f", bad.arg()]);
     assert_eq!(o.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&o.stderr).contains("quorum or classic"));

@@ -249,3 +249,26 @@ impl Drop for Cleanup {
         }
     }
 }
+
+/// A file in the temp dir, removed when dropped.
+pub struct TempFile(pub std::path::PathBuf);
+
+impl TempFile {
+    /// Writes `text` to a new uniquely named `.toml` file.
+    pub fn toml(text: &str) -> TempFile {
+        let p = std::env::temp_dir().join(format!("{}.toml", unique("file")));
+        std::fs::write(&p, text).expect("temp file written");
+        TempFile(p)
+    }
+
+    /// The path as an argument.
+    pub fn arg(&self) -> &str {
+        self.0.to_str().expect("utf-8 path")
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
