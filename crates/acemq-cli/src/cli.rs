@@ -41,7 +41,7 @@ pub struct Cli {
     )]
     pub url: Option<String>,
 
-    /// RabbitMQ's management HTTP API. Default: http://<broker host>:15672, with the AMQP
+    /// RabbitMQ's management HTTP API. Default: http://BROKER-HOST:15672, with the AMQP
     /// URL's credentials and vhost.
     #[arg(
         long,

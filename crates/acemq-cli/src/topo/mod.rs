@@ -1,4 +1,4 @@
-//! `acemq topology plan|apply|diff -f topology.toml`: the file format ([`file`]), the plan
+//! `acemq topology plan|apply|diff -f topology.toml`: the file format ([`mod@file`]), the plan
 //! lines ([`plan`]) and the drift probe ([`diff`]).
 
 pub mod diff;
