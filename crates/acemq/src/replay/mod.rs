@@ -162,7 +162,7 @@ pub struct ReplayProgress {
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), acemq::Error> {
 /// # let mq = acemq::Connection::connect("memory://doc-deadletter").await?;
-/// # mq.declare(&acemq::topology::Topology::new().queue(acemq::topology::QueueDecl::classic("orders")).queue(acemq::topology::QueueDecl::classic("orders.dlq"))).await?;
+/// # for q in ["orders", "orders.dlq"] { mq.transport().declare_queue(&acemq::topology::QueueDecl::classic(q)).await?; }
 /// let report = mq
 ///     .replay("orders")
 ///     .replay_matching(10, |dl| {
@@ -327,7 +327,7 @@ impl Replay {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), acemq::Error> {
     /// # let mq = acemq::Connection::connect("memory://doc-replay-matching").await?;
-    /// # mq.declare(&acemq::topology::Topology::new().queue(acemq::topology::QueueDecl::classic("orders")).queue(acemq::topology::QueueDecl::classic("orders.dlq"))).await?;
+    /// # for q in ["orders", "orders.dlq"] { mq.transport().declare_queue(&acemq::topology::QueueDecl::classic(q)).await?; }
     /// let report = mq
     ///     .replay("orders")
     ///     .hold_limit(100)
@@ -353,7 +353,7 @@ impl Replay {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), acemq::Error> {
     /// # let mq = acemq::Connection::connect("memory://doc-dry-run").await?;
-    /// # mq.declare(&acemq::topology::Topology::new().queue(acemq::topology::QueueDecl::classic("orders")).queue(acemq::topology::QueueDecl::classic("orders.dlq"))).await?;
+    /// # for q in ["orders", "orders.dlq"] { mq.transport().declare_queue(&acemq::topology::QueueDecl::classic(q)).await?; }
     /// let would = mq.replay("orders").dry_run_matching(usize::MAX, |_| true).await?;
     /// assert_eq!(would.replayed, 0);
     /// println!("would move {:?}", would.matched_ids);
@@ -372,7 +372,7 @@ impl Replay {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), acemq::Error> {
     /// # let mq = acemq::Connection::connect("memory://doc-purge").await?;
-    /// # mq.declare(&acemq::topology::Topology::new().queue(acemq::topology::QueueDecl::classic("orders")).queue(acemq::topology::QueueDecl::classic("orders.dlq"))).await?;
+    /// # for q in ["orders", "orders.dlq"] { mq.transport().declare_queue(&acemq::topology::QueueDecl::classic(q)).await?; }
     /// let week = std::time::Duration::from_secs(7 * 24 * 3600);
     /// let report = mq
     ///     .replay("orders")

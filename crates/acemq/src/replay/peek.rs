@@ -26,7 +26,7 @@ use crate::transport::Delivery;
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), acemq::Error> {
 /// # let mq = acemq::Connection::connect("memory://doc-peeked").await?;
-/// # mq.declare(&acemq::topology::Topology::new().queue(acemq::topology::QueueDecl::classic("orders.dlq"))).await?;
+/// # for q in ["orders.dlq"] { mq.transport().declare_queue(&acemq::topology::QueueDecl::classic(q)).await?; }
 /// for m in mq.replay("orders").peek(10).await? {
 ///     println!(
 ///         "{} {} attempt {:?}: {}",
@@ -116,7 +116,7 @@ impl Replay {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), acemq::Error> {
     /// # let mq = acemq::Connection::connect("memory://doc-peek-fn").await?;
-    /// # mq.declare(&acemq::topology::Topology::new().queue(acemq::topology::QueueDecl::classic("orders.dlq"))).await?;
+    /// # for q in ["orders.dlq"] { mq.transport().declare_queue(&acemq::topology::QueueDecl::classic(q)).await?; }
     /// let replay = mq.replay("orders");
     /// let before = replay.pending().await?;
     /// let first = replay.peek(5).await?;
