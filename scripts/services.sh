@@ -165,6 +165,23 @@ rabbitmq_ready() {
   timeout 15 rabbitmqctl -q await_startup --timeout 10 && port_open 5672
 }
 
+# The management HTTP API on 127.0.0.1:15672 (the `acemq` operator tool discovers
+# dead-letter queues and checks bindings through it). Enabling a plugin is online and
+# idempotent; it does not restart the broker.
+ensure_rabbitmq_management() {
+  if port_open 15672; then
+    echo "rabbitmq management: running"
+    return
+  fi
+  [ "$IS_ROOT" -eq 1 ] || die "RabbitMQ's management API is not listening on 127.0.0.1:15672. Enable it with:
+  sudo rabbitmq-plugins enable rabbitmq_management"
+  timeout 60 rabbitmq-plugins -q enable rabbitmq_management >/dev/null ||
+    die "rabbitmq-plugins enable rabbitmq_management failed"
+  wait_until "rabbitmq management" port_open 15672 ||
+    die "the management API did not listen on 127.0.0.1:15672 within ${TIMEOUT}s"
+  echo "rabbitmq management: enabled"
+}
+
 # ---------------------------------------------------------------------------
 # PostgreSQL (Debian postgresql-common cluster layout)
 
@@ -332,5 +349,6 @@ mariadb_ready() {
 }
 
 ensure_rabbitmq
+ensure_rabbitmq_management
 ensure_postgres
 ensure_mariadb
