@@ -307,6 +307,11 @@ impl Engine {
         self.health.register(contributor);
     }
 
+    /// Removes the component registered under `name` (an ordered consumer that closed).
+    pub(crate) fn unregister_health(&self, name: &str) {
+        self.health.unregister(name);
+    }
+
     // --- Draining and closing -----------------------------------------------------------
 
     /// Pauses consuming and waits for running handlers; `false` when `timeout` passed first.
