@@ -152,7 +152,10 @@ pub async fn an_exclusive_consumer_locks_the_queue_until_its_connection_closes(t
         exclusive: true,
         ..spec(&q, prefetch)
     };
-    let mut held = owner.consume(exclusive(1)).await.expect("exclusive consume");
+    let mut held = owner
+        .consume(exclusive(1))
+        .await
+        .expect("exclusive consume");
     let d = next(&mut held).await;
     assert_eq!(body(&d), "first");
     let other = target.transport().await;
@@ -166,7 +169,10 @@ pub async fn an_exclusive_consumer_locks_the_queue_until_its_connection_closes(t
     // The other way round: a plain consumer makes an exclusive one be refused.
     let plain_q = unique("exclusive-after-plain");
     queue(&*owner, &plain_q).await;
-    let _plain = owner.consume(spec(&plain_q, 1)).await.expect("plain consume");
+    let _plain = owner
+        .consume(spec(&plain_q, 1))
+        .await
+        .expect("plain consume");
     let e = other
         .consume(crate::transport::ConsumeSpec {
             exclusive: true,
