@@ -159,7 +159,11 @@ async fn ten_thousand_messages_over_200_keys_arrive_in_per_key_order() {
             let got = seen_of(&seen, &format!("key-{k}"));
             assert_eq!(got, (0..50).collect::<Vec<_>>(), "key-{k} out of order");
         }
-        assert_eq!(consumer.handled(), 10_000);
+        // Counted once acked, a moment after the handler recorded it.
+        eventually(WAIT, "10,000 counted", || async {
+            (consumer.handled() == 10_000).then_some(())
+        })
+        .await;
         assert!(
             max_running.load(Ordering::SeqCst) >= 2,
             "the partitions were consumed one at a time"
@@ -249,6 +253,10 @@ async fn a_halted_partition_holds_its_message_while_the_others_finish_and_resume
         assert_eq!(calls.load(Ordering::SeqCst), 1);
         let halt = consumer.halt(1).expect("halted");
         assert!(halt.reason.contains("cannot handle"), "{halt:?}");
+        eventually(WAIT, "61 counted", || async {
+            (consumer.handled() == 61).then_some(())
+        })
+        .await;
         let health = mq.health();
         assert_eq!(health.status, HealthStatus::Degraded);
         let report = health
@@ -378,6 +386,10 @@ async fn skip_dead_letters_with_the_reason_and_carries_on() {
         );
         let body: Step = serde_json::from_slice(&d.body).unwrap();
         assert_eq!((body.seq, body.fail), (0, true));
+        eventually(WAIT, "the one behind counted", || async {
+            (consumer.handled() == 1).then_some(())
+        })
+        .await;
         assert_eq!(
             (consumer.skipped(), consumer.failed(), consumer.handled()),
             (1, 1, 1)

@@ -2,8 +2,8 @@
 //!
 //! This module owns [`OrderedQueue`] (the builder [`Connection::ordered`](crate::Connection::ordered)
 //! hands out: topology, typed send, consume), the partition arithmetic
-//! ([`partition_for`], [`fnv1a32`]), the partition consumers (one task per partition, an
-//! exclusive `basic.consume` each) and their [`OrderedConsumer`] handle, which also reports
+//! ([`partition_for`], [`fnv1a32`]), the partition consumers (one task per partition,
+//! holding the partition through its lock queue `{name}.p{i}.lock`) and their [`OrderedConsumer`] handle, which also reports
 //! to health as `ordered:{name}`.
 //!
 #![doc = include_str!("../../../../docs/ordered.md")]
@@ -25,7 +25,7 @@ use tokio_util::task::TaskTracker;
 pub use partition::{
     FNV_OFFSET_BASIS, FNV_PRIME, fnv1a32, partition_for, partition_queue, partition_routing_key,
 };
-pub use run::STANDBY_RETRY;
+pub use run::{STANDBY_RETRY, lock_queue};
 pub use state::{Halt, ORDERED_HALTED, ORDERED_TOTAL, OrderedStats, PartitionRole};
 
 use crate::codec::Json;
@@ -279,8 +279,9 @@ impl<T: DeserializeOwned + Send + 'static> OrderedQueue<T> {
     /// Consumes every partition, one handler at a time per partition, partitions in
     /// parallel. Declares each partition's `{q}.dlq` and `{q}.parked` (with `acemq.dlx`),
     /// never the partition queues (call [`OrderedQueue::declare`]). Each partition is taken
-    /// with an exclusive consume; a partition another consumer holds is on standby and taken
-    /// over within seconds of its holder going. Registers `ordered:{name}` with the
+    /// by declaring its lock queue ([`lock_queue`], exclusive to this connection) and
+    /// consuming it exclusively; a partition another connection holds is on standby and
+    /// taken over within seconds of its holder going. Registers `ordered:{name}` with the
     /// connection's health.
     pub async fn consume<F, Fut>(&self, handler: F) -> Result<OrderedConsumer, Error>
     where

@@ -1,5 +1,6 @@
-//! One partition's consumer: take the partition (an exclusive `basic.consume`), or wait on
-//! standby while another consumer holds it; hand its deliveries to the handler one at a
+//! One partition's consumer: take the partition (its lock queue `{name}.p{i}.lock`,
+//! exclusive to this connection, then an exclusive `basic.consume`), or wait on standby
+//! while another consumer holds it; hand its deliveries to the handler one at a
 //! time; halt on a failure (the message held unacked, nothing behind it handed over) until
 //! `resume`; subscribe again after the connection or the subscription is lost, holding a
 //! halted partition's message again when it is redelivered.
@@ -22,7 +23,7 @@ use crate::envelope::{self, Envelope, application_headers};
 use crate::error::Error;
 use crate::headers::HeaderValue;
 use crate::lifecycle::Gate;
-use crate::topology::{dead_letter_queue, parked_queue};
+use crate::topology::{QueueDecl, dead_letter_queue, parked_queue};
 use crate::transport::recovery::RecoveryPolicy;
 use crate::transport::{Confirmation, ConsumeSpec, Delivery, Subscription, TransportError};
 use crate::util::panic_text;
@@ -68,6 +69,39 @@ where
     let Some(part) = ctx.shared.partitions.get(p) else {
         return;
     };
+    let mut locked = false;
+    take_and_consume(&ctx, part, &mut locked).await;
+    if locked {
+        // Give the partition up at once (the broker would drop the lock queue with the
+        // connection anyway): a standby consumer takes over on its next try.
+        let _ = ctx
+            .engine
+            .transport
+            .delete_queue(&lock_queue(&part.queue))
+            .await;
+    }
+}
+
+/// The lock queue of a partition queue: `{name}.p{i}.lock`, exclusive to the connection of
+/// the consumer that holds the partition (classic, transient, auto-delete; not Java's, and
+/// Java never looks at it).
+pub fn lock_queue(queue: &str) -> String {
+    format!("{queue}.lock")
+}
+
+/// Takes the partition (its lock queue, then an exclusive consume), consumes it, and takes
+/// it again after a loss, until the consumer stops. `locked`: whether this connection
+/// declared the lock queue.
+async fn take_and_consume<T, F, Fut>(ctx: &Ctx<T, F>, part: &Partition, locked: &mut bool)
+where
+    T: Send + 'static,
+    F: Fn(Message<T>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
+{
+    let lock = QueueDecl::classic(lock_queue(&part.queue))
+        .exclusive()
+        .auto_delete()
+        .transient();
     let transport = ctx.engine.transport.clone();
     let spec = ConsumeSpec {
         queue: part.queue.clone(),
@@ -96,7 +130,14 @@ where
         let subscribed = tokio::select! {
             biased;
             _ = ctx.stop.cancelled() => return,
-            s = transport.consume(spec.clone()) => s,
+            s = async {
+                // RabbitMQ ignores an exclusive consume on a quorum queue: the lock queue
+                // (405 RESOURCE_LOCKED for any other connection) is what keeps the
+                // partition to one consumer.
+                transport.declare_queue(&lock).await?;
+                *locked = true;
+                transport.consume(spec.clone()).await
+            } => s,
         };
         let mut sub = match subscribed {
             Ok(sub) => {
@@ -129,7 +170,7 @@ where
                 continue;
             }
         };
-        let ended = deliveries(&ctx, part, &mut *sub).await;
+        let ended = deliveries(ctx, part, &mut *sub).await;
         // Anything delivered and not settled goes back to the queue, in order.
         let _ = sub.close().await;
         match ended {
@@ -152,8 +193,9 @@ async fn pause(stop: &CancellationToken, d: Duration) -> bool {
     }
 }
 
-/// The broker refused the exclusive consume because another consumer holds the queue
-/// (RabbitMQ: 403 `ACCESS_REFUSED ... in exclusive use`; 405 for an exclusive queue).
+/// Another consumer holds the partition: its lock queue is another connection's (405
+/// RESOURCE_LOCKED), or the exclusive consume was refused (403 ACCESS_REFUSED: a classic
+/// partition queue).
 fn held_elsewhere(e: &TransportError) -> bool {
     matches!(
         e,

@@ -138,11 +138,10 @@ pub async fn exclusive_queues_belong_to_their_connection(target: Target) {
     assert!(gone.is_not_found());
 }
 
-/// An exclusive consumer locks a queue: another connection's consumer, exclusive or not,
+/// An exclusive consumer locks a classic queue: another connection's consumer, exclusive or not,
 /// is refused with 403 ACCESS_REFUSED, and so is an exclusive consumer while another
 /// consumer exists; once the holder's connection closes, an exclusive consumer is taken,
-/// and the holder's unacked message comes to it first. (Ordered queues rely on this for
-/// standby and takeover.)
+/// and the holder's unacked message comes to it first. A quorum queue ignores the flag.
 pub async fn an_exclusive_consumer_locks_the_queue_until_its_connection_closes(target: Target) {
     let owner = target.transport().await;
     let q = unique("exclusive-consume");
@@ -196,5 +195,29 @@ pub async fn an_exclusive_consumer_locks_the_queue_until_its_connection_closes(t
     assert!(d.redelivered);
     d.acker.ack().await.expect("ack");
     taken.close().await.expect("close");
-    cleanup(&*other, &[&q, &plain_q], &[]).await;
+    // A quorum queue accepts the flag and ignores it (RabbitMQ 3.10): a second exclusive
+    // consumer is not refused, so exclusivity cannot be had from basic.consume there.
+    let quorum = unique("exclusive-quorum");
+    other
+        .declare_queue(&QueueDecl::quorum(&quorum))
+        .await
+        .expect("declare quorum");
+    let mut first = other.consume(exclusive_on(&quorum)).await.expect("first");
+    let third = target.transport().await;
+    let mut second = third
+        .consume(exclusive_on(&quorum))
+        .await
+        .expect("a quorum queue does not refuse a second exclusive consumer");
+    second.close().await.expect("close");
+    first.close().await.expect("close");
+    third.close().await.expect("close");
+    cleanup(&*other, &[&q, &plain_q, &quorum], &[]).await;
+}
+
+/// An exclusive subscription to `queue`.
+fn exclusive_on(queue: &str) -> crate::transport::ConsumeSpec {
+    crate::transport::ConsumeSpec {
+        exclusive: true,
+        ..spec(queue, 1)
+    }
 }
