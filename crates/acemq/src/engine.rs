@@ -312,6 +312,11 @@ impl Engine {
         self.health.unregister(name);
     }
 
+    /// Whether a component is registered under `name`.
+    pub(crate) fn has_health(&self, name: &str) -> bool {
+        self.health.names().iter().any(|n| n == name)
+    }
+
     // --- Draining and closing -----------------------------------------------------------
 
     /// Pauses consuming and waits for running handlers; `false` when `timeout` passed first.

@@ -220,6 +220,11 @@ async fn a_halted_partition_holds_its_message_while_the_others_finish_and_resume
             Arc::new(AtomicUsize::new(0)),
         );
         let consumer = q.consume(recording(&seen, &allow, &calls)).await.unwrap();
+        let twice = q
+            .consume(recording(&seen, &allow, &calls))
+            .await
+            .unwrap_err();
+        assert!(twice.to_string().contains("already consumed"), "{twice}");
         let bad = key_in(1, 4, "bad");
         q.send(&step(&bad, 0)).await.unwrap();
         q.send(&Step {

@@ -296,6 +296,12 @@ impl<T: DeserializeOwned + Send + 'static> OrderedQueue<T> {
         if self.prefetch == 0 {
             return Err(Error::InvalidArgument("prefetch must be at least 1".into()));
         }
+        if engine.has_health(&state::health_name(&self.name)) {
+            return Err(Error::InvalidArgument(format!(
+                "ordered queue {:?} is already consumed on this connection; close that consumer first (a second one would break the per-key order)",
+                self.name
+            )));
+        }
         for q in self.queues() {
             engine.declare_for_consumer(&q, None).await?;
         }
