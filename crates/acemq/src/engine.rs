@@ -311,6 +311,16 @@ impl Engine {
         self.health.register(contributor);
     }
 
+    /// Removes the component registered under `name` (an ordered consumer that closed).
+    pub(crate) fn unregister_health(&self, name: &str) {
+        self.health.unregister(name);
+    }
+
+    /// Whether a component is registered under `name`.
+    pub(crate) fn has_health(&self, name: &str) -> bool {
+        self.health.names().iter().any(|n| n == name)
+    }
+
     // --- Draining and closing -----------------------------------------------------------
 
     /// Pauses consuming and waits for running handlers; `false` when `timeout` passed first.

@@ -41,6 +41,7 @@ pub mod idempotency;
 pub mod intercept;
 pub mod lifecycle;
 pub mod observe;
+pub mod ordered;
 pub mod publish;
 pub mod replay;
 pub mod retry;

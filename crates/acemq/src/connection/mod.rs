@@ -378,4 +378,23 @@ impl Connection {
     pub async fn close_now(&self) -> Result<(), Error> {
         self.engine.close_now().await
     }
+
+    // --- Ordered queues (issue 14) ------------------------------------------------------
+
+    /// An ordered (partitioned) queue of JSON messages of type `T` called `name`: the
+    /// exchange `{name}` and the quorum queues `{name}.p0`.. (see [`crate::ordered`]).
+    /// Configure it (`partitions`, `keyed_by`, `prefetch`, `on_failure`), then `declare`,
+    /// `send` and `consume`.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), acemq::Error> {
+    /// let mq = acemq::Connection::connect("memory://doc-ordered-method").await?;
+    /// let q = mq.ordered::<String>("jobs").partitions(4).keyed_by(|s| s.clone());
+    /// q.declare().await?;
+    /// assert_eq!(q.queues().len(), 4);
+    /// # Ok(()) }
+    /// ```
+    pub fn ordered<T>(&self, name: &str) -> crate::ordered::OrderedQueue<T> {
+        crate::ordered::OrderedQueue::new(self.engine.clone(), name)
+    }
 }

@@ -137,3 +137,87 @@ pub async fn exclusive_queues_belong_to_their_connection(target: Target) {
     .await;
     assert!(gone.is_not_found());
 }
+
+/// An exclusive consumer locks a classic queue: another connection's consumer, exclusive or not,
+/// is refused with 403 ACCESS_REFUSED, and so is an exclusive consumer while another
+/// consumer exists; once the holder's connection closes, an exclusive consumer is taken,
+/// and the holder's unacked message comes to it first. A quorum queue ignores the flag.
+pub async fn an_exclusive_consumer_locks_the_queue_until_its_connection_closes(target: Target) {
+    let owner = target.transport().await;
+    let q = unique("exclusive-consume");
+    queue(&*owner, &q).await;
+    publish(&*owner, "", &q, "first").await;
+    let exclusive = |prefetch| crate::transport::ConsumeSpec {
+        exclusive: true,
+        ..spec(&q, prefetch)
+    };
+    let mut held = owner
+        .consume(exclusive(1))
+        .await
+        .expect("exclusive consume");
+    let d = next(&mut held).await;
+    assert_eq!(body(&d), "first");
+    let other = target.transport().await;
+    for s in [spec(&q, 1), exclusive(1)] {
+        let e = other.consume(s).await.err();
+        assert!(
+            matches!(e, Some(TransportError::AccessRefused { .. })),
+            "a second consumer while an exclusive one holds the queue: {e:?}"
+        );
+    }
+    // The other way round: a plain consumer makes an exclusive one be refused.
+    let plain_q = unique("exclusive-after-plain");
+    queue(&*owner, &plain_q).await;
+    let _plain = owner
+        .consume(spec(&plain_q, 1))
+        .await
+        .expect("plain consume");
+    let e = other
+        .consume(crate::transport::ConsumeSpec {
+            exclusive: true,
+            ..spec(&plain_q, 1)
+        })
+        .await
+        .err();
+    assert!(
+        matches!(e, Some(TransportError::AccessRefused { .. })),
+        "an exclusive consumer while another consumer exists: {e:?}"
+    );
+    // The holder goes: the queue can be taken, and its unacked message comes back first.
+    drop(d);
+    owner.close().await.expect("close the owner");
+    let mut taken = eventually(WAIT, "the exclusive consumer taken over", || async {
+        other.consume(exclusive(1)).await.ok()
+    })
+    .await;
+    let d = next(&mut taken).await;
+    assert_eq!(body(&d), "first");
+    assert!(d.redelivered);
+    d.acker.ack().await.expect("ack");
+    taken.close().await.expect("close");
+    // A quorum queue accepts the flag and ignores it (RabbitMQ 3.10): a second exclusive
+    // consumer is not refused, so exclusivity cannot be had from basic.consume there.
+    let quorum = unique("exclusive-quorum");
+    other
+        .declare_queue(&QueueDecl::quorum(&quorum))
+        .await
+        .expect("declare quorum");
+    let mut first = other.consume(exclusive_on(&quorum)).await.expect("first");
+    let third = target.transport().await;
+    let mut second = third
+        .consume(exclusive_on(&quorum))
+        .await
+        .expect("a quorum queue does not refuse a second exclusive consumer");
+    second.close().await.expect("close");
+    first.close().await.expect("close");
+    third.close().await.expect("close");
+    cleanup(&*other, &[&q, &plain_q, &quorum], &[]).await;
+}
+
+/// An exclusive subscription to `queue`.
+fn exclusive_on(queue: &str) -> crate::transport::ConsumeSpec {
+    crate::transport::ConsumeSpec {
+        exclusive: true,
+        ..spec(queue, 1)
+    }
+}

@@ -6,7 +6,7 @@
 //! type, mandatory returns, prefetch, requeue, dead-lettering with `x-death`, cancel and
 //! close, basic.get, TTLs and head-only expiry, argument equivalence (406), quorum queues,
 //! server-named queues, passive inspection (404), `x-death` counting, quorum delivery
-//! counts, exclusive queues (405). Each case uses fresh names and deletes what it declared,
+//! counts, exclusive queues (405), exclusive consumers (403). Each case uses fresh names and deletes what it declared,
 //! so cases can share a broker and run in parallel.
 //!
 //! A case is handed a [`Target`]: something that opens a fresh [`Transport`] to one broker
@@ -202,6 +202,7 @@ pub const CASES: &[Case] = &[
     case!(edges::dead_lettering_to_a_missing_exchange_drops_the_message),
     case!(edges::quorum_queues_count_redeliveries),
     case!(edges::exclusive_queues_belong_to_their_connection),
+    case!(edges::an_exclusive_consumer_locks_the_queue_until_its_connection_closes),
 ];
 
 /// Runs every case on `target` in turn; each starts even when an earlier one failed.
@@ -339,6 +340,7 @@ macro_rules! transport_conformance_tests {
             dead_lettering_to_a_missing_exchange_drops_the_message,
             quorum_queues_count_redeliveries,
             exclusive_queues_belong_to_their_connection,
+            an_exclusive_consumer_locks_the_queue_until_its_connection_closes,
         );
     };
     (@cases $target:expr; $($case:ident,)*) => {
@@ -361,11 +363,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn there_are_29_cases_with_distinct_names() {
+    fn there_are_30_cases_with_distinct_names() {
         let mut names: Vec<&str> = CASES.iter().map(|c| c.name).collect();
         names.sort_unstable();
         names.dedup();
-        assert_eq!(names.len(), 29);
+        assert_eq!(names.len(), 30);
     }
 
     #[test]

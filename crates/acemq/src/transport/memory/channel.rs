@@ -1,7 +1,7 @@
 //! Channels: their life cycle on the broker side.
 //!
 //! This module owns opening a consumer's channel (basic.consume, with exclusive-consumer
-//! rules), basic.get on a connection's get channel, basic.cancel, closing a channel (its
+//! rules: enforced on classic queues, ignored on quorum queues as RabbitMQ does), basic.get on a connection's get channel, basic.cancel, closing a channel (its
 //! unsettled deliveries go back to the head of their queues), closing a connection (its
 //! channels, then its exclusive queues), auto-deleting a queue that loses its last
 //! consumer, and queue.purge.
@@ -27,7 +27,10 @@ impl State {
     ) -> Result<(u64, mpsc::UnboundedReceiver<Pending>, Arc<AtomicBool>), TransportError> {
         check_short(&spec.consumer_tag)?;
         let q = self.accessible_queue(&spec.queue, conn)?;
-        if q.exclusive_consumer || (spec.exclusive && !q.consumers.is_empty()) {
+        // RabbitMQ (3.10) enforces exclusive consumers on classic queues only: a quorum
+        // queue accepts the flag and ignores it.
+        let exclusive = spec.exclusive && q.kind != Kind::Quorum;
+        if q.exclusive_consumer || (exclusive && !q.consumers.is_empty()) {
             return Err(TransportError::AccessRefused {
                 detail: format!("{} in exclusive use", queue::queue_ref(&spec.queue)),
             });
@@ -49,7 +52,7 @@ impl State {
         if let Some(q) = self.queues.get_mut(&spec.queue) {
             q.consumers.push(id);
             q.had_consumer = true;
-            q.exclusive_consumer = spec.exclusive;
+            q.exclusive_consumer = exclusive;
         }
         self.run(vec![queue_name], now);
         Ok((id, rx, closed))
