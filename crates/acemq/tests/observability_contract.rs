@@ -376,6 +376,9 @@ async fn scrape_case(target: &Target, fx: &Value) {
     assert_eq!(publish("unroutable", &nowhere), 1.0);
 
     // ---- /acemq-health ----
+    // A registered contributor with typed details (the shape of an ordered queue's report)
+    // follows the built-in components.
+    mq.register_health(Partitions);
     let h = http_client::get(addr, "/acemq-health").await;
     assert_eq!(h.status, 200, "{}", h.body);
     assert!(
@@ -407,6 +410,47 @@ async fn scrape_case(target: &Target, fx: &Value) {
         doc["components"]["consumers"]["details"]["running"].is_u64(),
         "other components' details are typed too: {doc}"
     );
+    let ordered = &doc["components"]["ordered:contract"];
+    assert_eq!(ordered["status"], "UP");
+    assert_eq!(ordered["details"]["partitions"], 4);
+    assert_eq!(ordered["details"]["halted"], serde_json::json!([]));
+    let at = |name: &str| {
+        h.body
+            .find(&format!("\"{name}\":{{\"status\""))
+            .unwrap_or(usize::MAX)
+    };
+    assert!(
+        at("acemq") < at("consumers") && at("consumers") < at("ordered:contract"),
+        "acemq, then the connection's other components, then contributors: {}",
+        h.body
+    );
+
+    // A blocked connection (memory:// can be blocked without touching a shared broker; the
+    // RabbitMQ alarm is the blocked_health drill): Up, with the contract's typed details.
+    if let Target::Memory(name) = target {
+        let broker = acemq::transport::memory::MemoryBroker::named(name);
+        broker.block("low on memory");
+        eventually(WAIT, "the blocked state", || async {
+            mq.status().blocked.is_some().then_some(())
+        })
+        .await;
+        let h = http_client::get(addr, "/acemq-health").await;
+        assert_eq!(h.status, 200, "{}", h.body);
+        let doc = h.json();
+        assert_eq!(doc["status"], "UP");
+        let details = &doc["components"]["acemq"]["details"];
+        for (k, v) in fx["actuator"]["health_blocked_details"]
+            .as_object()
+            .expect("blocked details")
+        {
+            assert_eq!(&details[k], v, "blocked detail {k}: {doc}");
+        }
+        broker.unblock();
+        eventually(WAIT, "unblocked", || async {
+            mq.status().blocked.is_none().then_some(())
+        })
+        .await;
+    }
 
     // ---- /acemq-info ----
     let info = http_client::get(addr, "/acemq-info").await.json();
@@ -441,6 +485,23 @@ async fn scrape_case(target: &Target, fx: &Value) {
     assert_eq!(doc["status"], "DOWN");
     assert_eq!(doc["components"]["acemq"]["details"]["open"], false);
     actuator.shutdown().await;
+}
+
+/// An ordered queue's contributor, as the `ordered` module registers it: typed details.
+struct Partitions;
+
+impl acemq::health::HealthContributor for Partitions {
+    fn name(&self) -> String {
+        "ordered:contract".into()
+    }
+    fn report(&self) -> Result<acemq::health::HealthReport, String> {
+        Ok(acemq::health::HealthReport::up(self.name())
+            .with_detail("partitions", 4)
+            .with_detail("handled", 0u64)
+            .with_detail("failed", 0u64)
+            .with_detail("skipped", 0u64)
+            .with_detail("halted", Vec::<u32>::new()))
+    }
 }
 
 /// `got` has every key of `want`, recursively, with a value of the same JSON type (the
