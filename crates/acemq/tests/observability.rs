@@ -470,9 +470,20 @@ async fn metrics_endpoint_counts_outcomes_and_a_trace_crosses_connections() {
             text.lines()
                 .any(|l| l.starts_with("acemq_messages_dead_lettered_total{"))
         );
+        // The set-aside counter carries the queue: one dead letter and one park here.
+        for (outcome, want) in [("dead_lettered", 1.0), ("parked", 1.0)] {
+            assert_eq!(
+                sample_sum(
+                    &text,
+                    "acemq_messages_dead_lettered_total",
+                    &[&format!("outcome=\"{outcome}\""), &queue_label]
+                ),
+                want,
+                "acemq_messages_dead_lettered_total {outcome} on {q}:\n{text}"
+            );
+        }
         // The three sends to this queue were confirmed (the raw publish bypasses the
-        // publisher). (`acemq_messages_dead_lettered_total` is labelled by outcome only and
-        // shared with the other tests of this binary, so it has no exact count here.)
+        // publisher).
         assert_eq!(
             sample_sum(
                 &text,
