@@ -276,10 +276,13 @@ impl Engine {
     /// Down: Down is for a closed connection only.
     pub(crate) fn health(&self) -> Health {
         let lifecycle = &self.lifecycle;
-        let mut extra = vec![
-            ("transport", self.transport.kind().to_owned()),
-            ("inFlight", lifecycle.in_flight().to_string()),
-            ("held", lifecycle.held().to_string()),
+        let mut extra: Vec<(&str, serde_json::Value)> = vec![
+            (
+                "transport",
+                crate::observe::transport_name(self.transport.kind()).into(),
+            ),
+            ("inFlight", (lifecycle.in_flight() as u64).into()),
+            ("held", (lifecycle.held() as u64).into()),
         ];
         if lifecycle.consuming_paused() {
             extra.push(("consuming", "paused".into()));
@@ -299,7 +302,7 @@ impl Engine {
             // Lost and being redialled: not Down (seed 000: Down is a connection that is
             // closed, and a restart would fix nothing), but not fine either.
             connection.status = HealthStatus::Degraded;
-            connection = connection.with_detail("recovering", "true");
+            connection = connection.with_detail("recovering", true);
         }
         let store = store_report(&progress);
         self.health

@@ -196,9 +196,15 @@ impl<T: ?Sized + 'static> Publisher<T> {
         } else {
             routing_key.clone()
         };
+        let transport = crate::observe::transport_name(engine.transport.kind());
         Publisher {
             engine,
-            metrics: Arc::new(PublishMetrics::new(&exchange, &routing_key, message_type)),
+            metrics: Arc::new(PublishMetrics::new(
+                transport,
+                &exchange,
+                &routing_key,
+                message_type,
+            )),
             exchange,
             routing_key,
             encoder: Arc::new(encoder),

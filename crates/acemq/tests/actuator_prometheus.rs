@@ -22,16 +22,18 @@ async fn metrics_endpoint_renders_family_names_with_underscores() {
     let addr = actuator.local_addr();
 
     record_consume(
+        "memory",
         "orders.placed",
         "OrderPlaced",
         ConsumeOutcome::Retried,
         Duration::from_millis(12),
     );
-    let handle = ConsumeMetrics::new("orders.placed", "OrderPlaced");
+    let handle = ConsumeMetrics::new("memory", "orders.placed", "OrderPlaced");
     handle.record(ConsumeOutcome::Retried, Duration::from_millis(3));
     handle.record(ConsumeOutcome::Parked, Duration::from_millis(1));
     handle.in_flight(2);
     record_publish(
+        "memory",
         "",
         "orders.placed",
         "OrderPlaced",
@@ -48,17 +50,24 @@ async fn metrics_endpoint_renders_family_names_with_underscores() {
         .unwrap_or_else(|| panic!("no retried series in:\n{body}"));
     assert!(line.contains("queue=\"orders.placed\""), "{line}");
     assert!(line.contains("message_type=\"OrderPlaced\""), "{line}");
+    assert!(line.contains("transport=\"memory\""), "{line}");
     assert!(
         line.ends_with(" 2"),
         "free function and handle share the series: {line}"
     );
-    assert!(body.contains("acemq_messages_retried_total 2"), "{body}");
+    let labels = "queue=\"orders.placed\",message_type=\"OrderPlaced\",transport=\"memory\"";
     assert!(
-        body.contains("acemq_messages_dead_lettered_total{outcome=\"parked\"} 1"),
+        body.contains(&format!("acemq_messages_retried_total{{{labels}}} 2")),
         "{body}"
     );
     assert!(
-        body.contains("acemq_consume_in_flight{queue=\"orders.placed\"} 2"),
+        body.contains(&format!(
+            "acemq_messages_dead_lettered_total{{{labels},outcome=\"parked\"}} 1"
+        )),
+        "{body}"
+    );
+    assert!(
+        body.contains(&format!("acemq_consume_in_flight{{{labels}}} 2")),
         "{body}"
     );
     assert!(
@@ -67,7 +76,12 @@ async fn metrics_endpoint_renders_family_names_with_underscores() {
             && l.contains("outcome=\"confirmed\"")),
         "{body}"
     );
-    assert!(body.contains("acemq_consume_duration"), "{body}");
+    // Timers are histograms in seconds, not summaries.
+    assert!(
+        body.contains("# TYPE acemq_consume_duration_seconds histogram"),
+        "{body}"
+    );
+    assert!(!body.contains("quantile="), "no summaries: {body}");
     // Exact counts, not just presence: one confirmed publish, two retried and one parked
     // consume timings.
     let sample = |metric: &str, labels: &[&str]| -> Option<String> {
@@ -86,17 +100,48 @@ async fn metrics_endpoint_renders_family_names_with_underscores() {
         "{body}"
     );
     assert_eq!(
-        sample("acemq_consume_duration_count", &["outcome=\"retried\""]).as_deref(),
+        sample(
+            "acemq_consume_duration_seconds_count",
+            &["outcome=\"retried\""]
+        )
+        .as_deref(),
+        Some("2"),
+        "{body}"
+    );
+    // 3 ms and 12 ms: both under the 25 ms bucket, neither under 2.5 ms.
+    assert_eq!(
+        sample(
+            "acemq_consume_duration_seconds_bucket",
+            &["outcome=\"retried\"", "le=\"0.025\""]
+        )
+        .as_deref(),
         Some("2"),
         "{body}"
     );
     assert_eq!(
-        sample("acemq_consume_duration_count", &["outcome=\"parked\""]).as_deref(),
+        sample(
+            "acemq_consume_duration_seconds_bucket",
+            &["outcome=\"retried\"", "le=\"0.0025\""]
+        )
+        .as_deref(),
+        Some("0"),
+        "{body}"
+    );
+    assert_eq!(
+        sample(
+            "acemq_consume_duration_seconds_count",
+            &["outcome=\"parked\""]
+        )
+        .as_deref(),
         Some("1"),
         "{body}"
     );
     assert_eq!(
-        sample("acemq_publish_duration_count", &["outcome=\"confirmed\""]).as_deref(),
+        sample(
+            "acemq_publish_duration_seconds_count",
+            &["outcome=\"confirmed\""]
+        )
+        .as_deref(),
         Some("1"),
         "{body}"
     );

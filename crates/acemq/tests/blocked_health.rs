@@ -49,9 +49,9 @@ async fn a_blocked_connection_is_up_with_its_reason_publishes_are_refused_and_co
     assert_eq!(answer.status, 200);
     let json = answer.json();
     assert_eq!(json["status"], "UP", "{json}");
-    let connection = &json["components"]["connection"];
+    let connection = &json["components"]["acemq"];
     assert_eq!(connection["status"], "UP");
-    assert_eq!(connection["details"]["blocked"], "true");
+    assert_eq!(connection["details"]["blocked"], true);
     let reason = connection["details"]["blockedReason"].as_str().unwrap();
     assert!(reason.contains("memory"), "{reason}");
 

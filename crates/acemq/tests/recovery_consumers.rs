@@ -125,10 +125,10 @@ async fn a_consumer_comes_back_after_its_connection_is_lost() {
         // While it is down: Degraded with `recovering`, never Down; a publish is refused
         // with nothing sent (or, if recovery already finished, it is confirmed).
         let health = mq.health();
-        let conn = health.report("connection").expect("connection report");
+        let conn = health.report("acemq").expect("acemq report");
         if conn.status != HealthStatus::Up {
             assert_eq!(conn.status, HealthStatus::Degraded, "{health:?}");
-            assert_eq!(conn.detail("recovering"), Some("true"));
+            assert_eq!(conn.details["recovering"], true);
         }
         let mut refused = 0;
         let mut next = 20;
@@ -241,8 +241,8 @@ async fn with_recovery_off_a_lost_connection_is_down() {
     assert_eq!(health.status, HealthStatus::Down, "{health:?}");
     assert_eq!(
         health
-            .report("connection")
-            .and_then(|r| r.detail("recovering")),
+            .report("acemq")
+            .and_then(|r| r.detail_value("recovering")),
         None
     );
 }

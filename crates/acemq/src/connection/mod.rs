@@ -139,7 +139,8 @@ impl Connection {
     /// The health of this connection and of every registered contributor, from local
     /// state only (never a broker round trip, so it answers at once even while the broker
     /// blocks the connection). The `connection` report is Down only when the connection is
-    /// closed; a blocked connection is Up with `blocked` and `blockedReason`.
+    /// closed; a blocked connection is Up with `blocked` and `blockedReason`. The report is
+    /// named `acemq` (as in the Java member's health document).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), acemq::Error> {
@@ -147,7 +148,7 @@ impl Connection {
     /// let mq = acemq::Connection::connect("memory://doc-health").await?;
     /// let health = mq.health();
     /// assert_eq!(health.status, HealthStatus::Up);
-    /// assert_eq!(health.report("connection").unwrap().detail("blocked"), Some("false"));
+    /// assert_eq!(health.report("acemq").unwrap().details["blocked"], false);
     /// # Ok(()) }
     /// ```
     pub fn health(&self) -> Health {
@@ -163,22 +164,16 @@ impl Connection {
     /// Serves `/acemq-health`, `/acemq-metrics` and `/acemq-info` for this connection on
     /// `addr` (the family's default is `127.0.0.1:9464`). Metrics are rendered from the
     /// Prometheus recorder the actuator installs when `install_recorder` is true (the
-    /// library never installs one otherwise).
+    /// library never installs one otherwise). To name the application's version in
+    /// `/acemq-info`, or to mount the endpoints into an existing axum app, use
+    /// `acemq::actuator::Actuator::for_connection` / `acemq::actuator::router`.
     #[cfg(feature = "actuator")]
     pub async fn start_actuator(
         &self,
         addr: std::net::SocketAddr,
         install_recorder: bool,
     ) -> Result<crate::actuator::ActuatorHandle, crate::actuator::ActuatorError> {
-        let (health, in_flight) = (self.clone(), self.clone());
-        let mut builder = crate::actuator::Actuator::builder()
-            .bind(addr)
-            .health(move || health.health())
-            .in_flight(move || in_flight.in_flight() as u64)
-            .info(crate::actuator::InfoDoc::new(
-                self.transport_kind(),
-                CAPABILITIES.iter().map(|c| (*c).to_owned()).collect(),
-            ));
+        let mut builder = crate::actuator::Actuator::for_connection(self).bind(addr);
         if install_recorder {
             builder = builder.install_prometheus_recorder();
         }

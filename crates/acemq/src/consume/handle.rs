@@ -165,6 +165,8 @@ fn observe<T, F>(ctx: &Ctx<T, F>, d: &Delivery, envelope: &Envelope) -> (Observe
         series: ctx.settler.metrics.for_type(envelope.message_type()),
     };
     seen.series.in_flight(1);
+    seen.series
+        .attempt(u32::try_from(envelope.attempt()).unwrap_or(1));
     (seen, trace_ctx)
 }
 

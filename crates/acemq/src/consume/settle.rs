@@ -82,9 +82,10 @@ impl Settler {
         closing: CancellationToken,
         in_flight: Arc<AtomicUsize>,
     ) -> Settler {
+        let transport = crate::observe::transport_name(engine.transport.kind());
         Settler {
             engine,
-            metrics: Arc::new(ConsumerMetrics::new(queue.clone())),
+            metrics: Arc::new(ConsumerMetrics::new(transport, queue.clone())),
             queue,
             moves: stats.moves.clone(),
             stats,

@@ -280,13 +280,16 @@ pub(crate) struct Observed {
 /// The family's consume metrics of one consumer, one series set per message type.
 #[derive(Debug)]
 pub(crate) struct ConsumerMetrics {
+    /// The family's transport name (`rabbitmq`, `memory`).
+    transport: &'static str,
     queue: Arc<str>,
     by_type: std::sync::Mutex<HashMap<String, Arc<ConsumeMetrics>>>,
 }
 
 impl ConsumerMetrics {
-    pub(crate) fn new(queue: Arc<str>) -> Self {
+    pub(crate) fn new(transport: &'static str, queue: Arc<str>) -> Self {
         ConsumerMetrics {
+            transport,
             queue,
             by_type: std::sync::Mutex::new(HashMap::new()),
         }
@@ -297,7 +300,11 @@ impl ConsumerMetrics {
         if let Some(m) = map.get(message_type) {
             return m.clone();
         }
-        let m = Arc::new(ConsumeMetrics::new(&*self.queue, message_type));
+        let m = Arc::new(ConsumeMetrics::new(
+            self.transport,
+            &*self.queue,
+            message_type,
+        ));
         map.insert(message_type.to_owned(), m.clone());
         m
     }

@@ -1,46 +1,49 @@
 //! Health: what this process can say about its messaging without asking the broker.
 //!
-//! A [`Health`] is the worst of a set of [`HealthReport`]s. The connection contributes one
-//! ([`connection_report`], built from the transport's locally held [`TransportStatus`]);
-//! anything else (an ordered queue's partitions, a user policy) registers a
-//! [`HealthContributor`] with a [`HealthRegistry`]. Evaluation is local state only and
-//! takes microseconds, so an orchestrator may poll it as often as it likes.
+//! A [`Health`] is the worst of a set of [`HealthReport`]s. The connection contributes the
+//! `acemq` one ([`connection_report`], built from the transport's locally held
+//! [`TransportStatus`](crate::transport::TransportStatus)); anything else (an ordered queue's
+//! partitions, a user policy) registers a [`HealthContributor`] with a [`HealthRegistry`].
+//! Evaluation is local state only and takes microseconds, so an orchestrator may poll it as
+//! often as it likes.
 //!
-//! The rules, shared with the rest of the AceMQ family:
+//! The rules, shared with the rest of the AceMQ family (wire contract §9):
 //!
 //! - **Down** only when the connection is not open. A process reporting itself down gets
 //!   restarted, which loses whatever it was holding and fixes nothing else.
 //! - A **blocked** connection (a RabbitMQ memory or disk alarm) is **Up**, with `blocked` =
-//!   `"true"`, `blockedReason` and `detail` among its details. Back pressure is the broker
+//!   `true`, `blockedReason` and `detail` among its details. Back pressure is the broker
 //!   protecting itself; failing health for it restarts a fleet into the same blocked broker.
 //!   A caller who wants the old "blocked is Degraded" reading registers that as its own
 //!   contributor (see [`HealthContributor`]).
 //! - A contributor that fails (returns `Err`) or panics yields a Down report under its own
 //!   name with the text under `error`; it never stops the other reports being evaluated.
+//! - Details are **typed JSON values** ([`serde_json::Value`]): booleans, numbers, strings,
+//!   lists. The actuator's document is the Java member's, value for value:
+//!   `{"status":"UP","components":{"acemq":{"status":"UP","details":{"transport":"rabbitmq",
+//!   "open":true,"blocked":false,"inFlight":0}}}}` ([`Health::to_json`]).
 //!
 //! # Wiring (for the connection)
 //!
 //! The connection owns one [`HealthRegistry`] and answers `Connection::health()` with
 //!
 //! ```
-//! # use acemq::health::{connection_report, HealthRegistry};
+//! # use acemq::health::{connection_report, HealthRegistry, COMPONENT};
 //! # use acemq::transport::TransportStatus;
 //! # let registry = HealthRegistry::new();
 //! # let status = TransportStatus { connected: true, blocked: None };
-//! # let (kind, in_flight, held, consuming_paused) = ("memory", 0usize, 0usize, false);
-//! let mut extra = vec![
-//!     ("transport", kind.to_string()),      // mq.transport_kind()
-//!     ("inFlight", in_flight.to_string()),  // mq.in_flight()
-//!     ("held", held.to_string()),           // mq.held()
+//! # let (in_flight, held) = (0usize, 0usize);
+//! let extra = [
+//!     ("transport", "memory".into()), // acemq::observe::transport_name(mq.transport_kind())
+//!     ("inFlight", in_flight.into()), // mq.in_flight()
+//!     ("held", held.into()),          // mq.held()
 //! ];
-//! if consuming_paused {                     // mq.is_consuming_paused()
-//!     extra.push(("consuming", "paused".to_string()));
-//! }
 //! let health = registry.evaluate_with([connection_report(
 //!     &status, // transport.status(): local, never a broker round trip
 //!     &extra,
 //! )]);
 //! assert!(health.is_up());
+//! assert_eq!(health.to_json()["components"][COMPONENT]["details"]["open"], true);
 //! ```
 //!
 //! and `Connection::register_health(contributor)` forwards to
@@ -48,15 +51,18 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::{Arc, RwLock};
 
-use crate::transport::TransportStatus;
+use serde::ser::{Serialize, SerializeMap, Serializer};
+pub use serde_json::Value as DetailValue;
+
+pub use connection::{BLOCKED_DETAIL_PREFIX, COMPONENT, CONNECTION, connection_report};
+pub use registry::{HealthContributor, HealthRegistry};
+
 pub(crate) use crate::util::panic_text;
-use crate::util::{read, write};
 
-/// The name of the connection's built-in report.
-pub const CONNECTION: &str = "connection";
+mod connection;
+pub(crate) mod progress;
+mod registry;
 
 /// How healthy one component, or the whole, is. Ordered so that the worst wins:
 /// `Up < Degraded < Down`.
@@ -96,22 +102,38 @@ impl fmt::Display for HealthStatus {
     }
 }
 
-/// One component's report: a name, a status and string details.
+impl Serialize for HealthStatus {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+/// One component's report: a name, a status and typed details.
+///
+/// Details are JSON values: anything that converts into a [`serde_json::Value`] (`bool`,
+/// integers, `f64`, `&str`, `String`, `Vec<_>`, `serde_json::json!(..)`) goes into
+/// [`HealthReport::with_detail`], and comes out of the actuator with its type.
 ///
 /// ```
 /// use acemq::health::{HealthReport, HealthStatus};
-/// let r = HealthReport::degraded("orders.partitions").with_detail("halted", "2");
+/// let r = HealthReport::degraded("ordered:orders")
+///     .with_detail("partitions", 4)
+///     .with_detail("halted", vec![1, 3])
+///     .with_detail("reason", "partition 1 halted");
 /// assert_eq!(r.status, HealthStatus::Degraded);
-/// assert_eq!(r.details["halted"], "2");
+/// assert_eq!(r.details["partitions"], 4);
+/// assert_eq!(r.details["halted"], serde_json::json!([1, 3]));
+/// assert_eq!(r.detail("reason"), Some("partition 1 halted"));
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct HealthReport {
-    /// The component's name (`connection`, a contributor's name).
+    /// The component's name (`acemq`, `consumers`, a contributor's name).
     pub name: String,
     /// Its status.
     pub status: HealthStatus,
-    /// Details, all strings (the family's convention), sorted by key.
-    pub details: BTreeMap<String, String>,
+    /// Details, typed JSON values, sorted by key.
+    pub details: BTreeMap<String, DetailValue>,
 }
 
 impl HealthReport {
@@ -149,20 +171,38 @@ impl HealthReport {
         Self::new(name, HealthStatus::Down)
     }
 
-    /// Adds (or replaces) one detail.
+    /// Adds (or replaces) one detail, keeping its JSON type.
     ///
     /// ```
-    /// let r = acemq::health::HealthReport::up("x").with_detail("k", "v");
-    /// assert_eq!(r.details.get("k").map(String::as_str), Some("v"));
+    /// let r = acemq::health::HealthReport::up("x").with_detail("k", "v").with_detail("n", 2u64);
+    /// assert_eq!(r.detail("k"), Some("v"));
+    /// assert_eq!(r.detail_value("n").and_then(|v| v.as_u64()), Some(2));
     /// ```
-    pub fn with_detail(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+    pub fn with_detail(mut self, key: impl Into<String>, value: impl Into<DetailValue>) -> Self {
         self.details.insert(key.into(), value.into());
         self
     }
 
-    /// One detail, if present.
+    /// One detail, when it is a string (`None` for an absent or non-string one; see
+    /// [`HealthReport::detail_value`] for booleans, numbers and lists).
+    ///
+    /// ```
+    /// let r = acemq::health::HealthReport::up("x").with_detail("error", "refused").with_detail("open", true);
+    /// assert_eq!(r.detail("error"), Some("refused"));
+    /// assert_eq!(r.detail("open"), None);
+    /// ```
     pub fn detail(&self, key: &str) -> Option<&str> {
-        self.details.get(key).map(String::as_str)
+        self.details.get(key).and_then(DetailValue::as_str)
+    }
+
+    /// One detail, whatever its type.
+    ///
+    /// ```
+    /// let r = acemq::health::HealthReport::up("x").with_detail("open", true);
+    /// assert_eq!(r.detail_value("open"), Some(&serde_json::Value::Bool(true)));
+    /// ```
+    pub fn detail_value(&self, key: &str) -> Option<&DetailValue> {
+        self.details.get(key)
     }
 }
 
@@ -170,16 +210,17 @@ impl HealthReport {
 ///
 /// ```
 /// use acemq::health::{Health, HealthReport, HealthStatus};
-/// let h = Health::from_reports(vec![HealthReport::up("connection"), HealthReport::degraded("orders")]);
+/// let h = Health::from_reports(vec![HealthReport::up("acemq"), HealthReport::degraded("orders")]);
 /// assert_eq!(h.status, HealthStatus::Degraded);
 /// assert_eq!(h.report("orders").map(|r| r.status), Some(HealthStatus::Degraded));
 /// assert!(Health::from_reports(vec![]).is_up());
 /// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Health {
     /// The worst status among the reports (Up when there are none).
     pub status: HealthStatus,
-    /// Every report, in evaluation order (built-in ones first).
+    /// Every report, in evaluation order (built-in ones first: `acemq`, `consumers`, ...).
     pub reports: Vec<HealthReport>,
 }
 
@@ -209,252 +250,83 @@ impl Health {
         self.status == HealthStatus::Down
     }
 
-    /// The actuator's JSON document:
+    /// The actuator's JSON document (wire contract §9, the Java member's shape):
     ///
     /// ```json
-    /// {"status":"UP","inFlight":3,"components":{"connection":{"status":"UP","details":{"blocked":"false"}}}}
+    /// {"status":"UP",
+    ///  "components":{"acemq":{"status":"UP",
+    ///    "details":{"transport":"rabbitmq","open":true,"blocked":false,"inFlight":0}},
+    ///   "consumers":{"status":"UP","details":{"running":0}}}}
     /// ```
     ///
-    /// Statuses are uppercase (`UP`, `DEGRADED`, `DOWN`) like Spring Boot's actuator and the
-    /// other AceMQ libraries. `components` is keyed by report name (sorted); when two reports
-    /// share a name the later one wins there (both stay in [`Health::reports`]). `inFlight`
-    /// is omitted when `None`.
+    /// Statuses are uppercase (`UP`, `DEGRADED`, `DOWN`). `components` is keyed by report
+    /// name; when two reports share a name the later one wins there (both stay in
+    /// [`Health::reports`]). Serializing the [`Health`] itself (it implements
+    /// [`Serialize`]) writes the same document with the components in evaluation order
+    /// (`acemq` first), as the actuator answers; this `Value` sorts them by name.
     ///
     /// ```
     /// use acemq::health::{Health, HealthReport};
-    /// let h = Health::from_reports(vec![HealthReport::up("connection").with_detail("blocked", "false")]);
-    /// let json = h.to_json(Some(3));
+    /// let h = Health::from_reports(vec![HealthReport::up("acemq").with_detail("blocked", false)]);
+    /// let json = h.to_json();
     /// assert_eq!(json["status"], "UP");
-    /// assert_eq!(json["inFlight"], 3);
-    /// assert_eq!(json["components"]["connection"]["details"]["blocked"], "false");
+    /// assert_eq!(json["components"]["acemq"]["details"]["blocked"], false);
+    /// assert_eq!(serde_json::to_string(&h).unwrap(),
+    ///     r#"{"status":"UP","components":{"acemq":{"status":"UP","details":{"blocked":false}}}}"#);
     /// ```
-    pub fn to_json(&self, in_flight: Option<u64>) -> serde_json::Value {
-        use serde_json::{Map, Value};
-        let mut components = Map::new();
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::to_value(self).unwrap_or_else(
+            |e| serde_json::json!({"status": self.status.as_str(), "error": e.to_string()}),
+        )
+    }
+
+    /// The reports the document shows: one per name, the later winning, at the place of the
+    /// first.
+    fn components(&self) -> Vec<&HealthReport> {
+        let mut out: Vec<&HealthReport> = Vec::with_capacity(self.reports.len());
         for r in &self.reports {
-            let details: Map<String, Value> = r
-                .details
-                .iter()
-                .map(|(k, v)| (k.clone(), Value::String(v.clone())))
-                .collect();
-            let mut c = Map::new();
-            c.insert("status".into(), Value::String(r.status.as_str().into()));
-            c.insert("details".into(), Value::Object(details));
-            components.insert(r.name.clone(), Value::Object(c));
-        }
-        let mut doc = Map::new();
-        doc.insert("status".into(), Value::String(self.status.as_str().into()));
-        if let Some(n) = in_flight {
-            doc.insert("inFlight".into(), Value::from(n));
-        }
-        doc.insert("components".into(), Value::Object(components));
-        Value::Object(doc)
-    }
-}
-
-/// Something that reports on one component. Implement it for a policy of your own and
-/// register it with [`HealthRegistry::register`] (or `Connection::register_health`).
-///
-/// `report` must answer from local state only, quickly: it runs on every health poll.
-/// An `Err` (or a panic) becomes a Down report under [`HealthContributor::name`] with the
-/// text under `error`.
-///
-/// The family's "blocked is Degraded" policy, for a caller who wants it back:
-///
-/// ```
-/// use std::sync::Arc;
-/// use acemq::health::{HealthContributor, HealthRegistry, HealthReport, HealthStatus};
-/// use acemq::transport::TransportStatus;
-///
-/// struct BlockedIsDegraded(Arc<dyn Fn() -> TransportStatus + Send + Sync>);
-///
-/// impl HealthContributor for BlockedIsDegraded {
-///     fn name(&self) -> String { "broker-pressure".into() }
-///     fn report(&self) -> Result<HealthReport, String> {
-///         Ok(match (self.0)().blocked {
-///             Some(reason) => HealthReport::degraded(self.name()).with_detail("reason", reason),
-///             None => HealthReport::up(self.name()),
-///         })
-///     }
-/// }
-///
-/// let registry = HealthRegistry::new();
-/// let status = || TransportStatus { connected: true, blocked: Some("low on memory".into()) };
-/// registry.register(Arc::new(BlockedIsDegraded(Arc::new(status))));
-/// assert_eq!(registry.evaluate().status, HealthStatus::Degraded);
-/// ```
-pub trait HealthContributor: Send + Sync {
-    /// The component's name; the report appears under it.
-    fn name(&self) -> String;
-    /// The component's report, from local state only.
-    fn report(&self) -> Result<HealthReport, String>;
-}
-
-/// Contributors registered with a connection, evaluated on demand.
-///
-/// Registering a contributor whose name is already registered replaces the earlier one.
-/// Evaluation never fails: a contributor that errs or panics is reported Down under its
-/// name and the others are still evaluated.
-///
-/// ```
-/// use std::sync::Arc;
-/// use acemq::health::{HealthContributor, HealthRegistry, HealthReport, HealthStatus};
-///
-/// struct Broken;
-/// impl HealthContributor for Broken {
-///     fn name(&self) -> String { "broken".into() }
-///     fn report(&self) -> Result<HealthReport, String> { Err("cache unreachable".into()) }
-/// }
-///
-/// let registry = HealthRegistry::new();
-/// registry.register(Arc::new(Broken));
-/// let h = registry.evaluate_with([HealthReport::up("connection")]);
-/// assert_eq!(h.status, HealthStatus::Down);
-/// assert_eq!(h.report("broken").and_then(|r| r.detail("error")), Some("cache unreachable"));
-/// assert_eq!(h.report("connection").map(|r| r.status), Some(HealthStatus::Up));
-/// ```
-#[derive(Default)]
-pub struct HealthRegistry {
-    contributors: RwLock<Vec<(String, Arc<dyn HealthContributor>)>>,
-}
-
-impl fmt::Debug for HealthRegistry {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("HealthRegistry")
-            .field("contributors", &self.names())
-            .finish()
-    }
-}
-
-impl HealthRegistry {
-    /// An empty registry.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Registers a contributor (replacing one registered under the same name).
-    /// A contributor whose `name()` panics is registered as `contributor-{n}`.
-    pub fn register(&self, contributor: Arc<dyn HealthContributor>) {
-        let name = catch_unwind(AssertUnwindSafe(|| contributor.name()));
-        let mut list = write(&self.contributors);
-        let name = name.unwrap_or_else(|_| format!("contributor-{}", list.len() + 1));
-        list.retain(|(n, _)| *n != name);
-        list.push((name, contributor));
-    }
-
-    /// Removes the contributor registered under `name`; returns whether there was one.
-    ///
-    /// ```
-    /// # use std::sync::Arc;
-    /// # use acemq::health::*;
-    /// # struct Ok_; impl HealthContributor for Ok_ {
-    /// #   fn name(&self) -> String { "x".into() }
-    /// #   fn report(&self) -> Result<HealthReport, String> { Ok(HealthReport::up("x")) } }
-    /// let registry = HealthRegistry::new();
-    /// registry.register(Arc::new(Ok_));
-    /// assert!(registry.unregister("x"));
-    /// assert!(registry.names().is_empty());
-    /// ```
-    pub fn unregister(&self, name: &str) -> bool {
-        let mut list = write(&self.contributors);
-        let before = list.len();
-        list.retain(|(n, _)| n != name);
-        list.len() != before
-    }
-
-    /// The registered names, in registration order.
-    pub fn names(&self) -> Vec<String> {
-        self.snapshot().into_iter().map(|(n, _)| n).collect()
-    }
-
-    /// Evaluates every contributor.
-    pub fn evaluate(&self) -> Health {
-        self.evaluate_with(std::iter::empty())
-    }
-
-    /// Evaluates every contributor after the given built-in reports (the connection's),
-    /// and aggregates them all.
-    pub fn evaluate_with(&self, builtin: impl IntoIterator<Item = HealthReport>) -> Health {
-        let mut reports: Vec<HealthReport> = builtin.into_iter().collect();
-        for (name, contributor) in self.snapshot() {
-            reports.push(evaluate_one(&name, contributor.as_ref()));
-        }
-        Health::from_reports(reports)
-    }
-
-    fn snapshot(&self) -> Vec<(String, Arc<dyn HealthContributor>)> {
-        read(&self.contributors).clone()
-    }
-}
-
-/// Runs one contributor, turning an `Err` or a panic into a Down report under `name`.
-fn evaluate_one(name: &str, contributor: &dyn HealthContributor) -> HealthReport {
-    match catch_unwind(AssertUnwindSafe(|| contributor.report())) {
-        Ok(Ok(mut report)) => {
-            if report.name != name {
-                report.name = name.to_owned();
+            match out.iter_mut().find(|o| o.name == r.name) {
+                Some(slot) => *slot = r,
+                None => out.push(r),
             }
-            report
         }
-        Ok(Err(error)) => HealthReport::down(name).with_detail("error", error),
-        Err(panic) => HealthReport::down(name).with_detail(
-            "error",
-            format!(
-                "health contributor panicked: {}",
-                panic_text(panic.as_ref())
-            ),
-        ),
+        out
     }
 }
 
-/// The prefix of a blocked connection's `detail` text (wire contract §9).
-pub const BLOCKED_DETAIL_PREFIX: &str = "the broker has blocked this connection: ";
+/// `{"status":..,"details":{..}}`, one component.
+struct Component<'a>(&'a HealthReport);
 
-/// The connection's report, from the transport's local status.
-///
-/// Down only when not connected. Connected is Up, blocked or not: `open` = `"true"`,
-/// `blocked` = `"true"`/`"false"`, and while blocked `blockedReason` = the broker's reason
-/// and `detail` = `the broker has blocked this connection: {reason}`. `extra` details
-/// (`transport`, `inFlight`, `held`, `consuming` = `"paused"`, ...) are added as given.
-///
-/// ```
-/// use acemq::health::{connection_report, HealthStatus};
-/// use acemq::transport::TransportStatus;
-/// let s = TransportStatus { connected: true, blocked: Some("low on memory".into()) };
-/// let r = connection_report(&s, &[("transport", "amqp".to_string())]);
-/// assert_eq!(r.name, "connection");
-/// assert_eq!(r.status, HealthStatus::Up);
-/// assert_eq!(r.detail("blocked"), Some("true"));
-/// assert_eq!(r.detail("blockedReason"), Some("low on memory"));
-/// assert_eq!(r.detail("detail"), Some("the broker has blocked this connection: low on memory"));
-/// assert_eq!(r.detail("transport"), Some("amqp"));
-///
-/// let closed = connection_report(&TransportStatus::default(), &[]);
-/// assert_eq!(closed.status, HealthStatus::Down);
-/// ```
-pub fn connection_report(status: &TransportStatus, extra: &[(&str, String)]) -> HealthReport {
-    let mut report = if status.connected {
-        HealthReport::up(CONNECTION)
-    } else {
-        HealthReport::down(CONNECTION)
-    };
-    report = report.with_detail("open", if status.connected { "true" } else { "false" });
-    match &status.blocked {
-        Some(reason) => {
-            report = report
-                .with_detail("blocked", "true")
-                .with_detail("blockedReason", reason.clone())
-                .with_detail("detail", format!("{BLOCKED_DETAIL_PREFIX}{reason}"));
+impl Serialize for Component<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(2))?;
+        m.serialize_entry("status", &self.0.status)?;
+        m.serialize_entry("details", &self.0.details)?;
+        m.end()
+    }
+}
+
+/// The components in evaluation order.
+struct Components<'a>(Vec<&'a HealthReport>);
+
+impl Serialize for Components<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(self.0.len()))?;
+        for r in &self.0 {
+            m.serialize_entry(&r.name, &Component(r))?;
         }
-        None => report = report.with_detail("blocked", "false"),
+        m.end()
     }
-    for (k, v) in extra {
-        report.details.insert((*k).to_owned(), v.clone());
+}
+
+impl Serialize for Health {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(2))?;
+        m.serialize_entry("status", &self.status)?;
+        m.serialize_entry("components", &Components(self.components()))?;
+        m.end()
     }
-    report
 }
 
 #[cfg(test)]
 mod tests;
-
-pub(crate) mod progress;

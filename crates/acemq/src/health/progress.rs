@@ -23,7 +23,7 @@ pub(crate) fn consumers_report(
     } else {
         HealthReport::degraded(CONSUMERS)
     };
-    consumers = consumers.with_detail("running", running.to_string());
+    consumers = consumers.with_detail("running", running as u64);
     for (queue, reason) in stopped {
         consumers = consumers.with_detail(format!("stopped.{queue}"), reason);
     }
@@ -70,7 +70,7 @@ fn progress_details(mut report: HealthReport, key: &str, p: &ConsumerProgress) -
         ("setAsideFailed", p.set_aside_failed),
     ];
     for (name, n) in numbers {
-        report = report.with_detail(format!("{key}.{name}"), n.to_string());
+        report = report.with_detail(format!("{key}.{name}"), n);
     }
     report = report
         .with_detail(
@@ -97,7 +97,7 @@ fn progress_details(mut report: HealthReport, key: &str, p: &ConsumerProgress) -
 
 /// The `idempotency` report: absent when no running consumer uses a store; Degraded while
 /// a store does not answer, with the latest `error`, `since` (RFC 3339 of the outage's
-/// first failure), consecutive `failures` and the affected `queues`.
+/// first failure), consecutive `failures` (a number) and the affected `queues` (a list).
 pub(crate) fn store_report(progress: &[(String, ConsumerProgress)]) -> Option<HealthReport> {
     let stores: Vec<(&String, &Option<StoreOutage>)> = progress
         .iter()
@@ -110,7 +110,7 @@ pub(crate) fn store_report(progress: &[(String, ConsumerProgress)]) -> Option<He
         .iter()
         .filter_map(|(key, o)| o.as_ref().map(|o| (*key, o)))
         .collect();
-    let report = HealthReport::up(IDEMPOTENCY).with_detail("consumers", stores.len().to_string());
+    let report = HealthReport::up(IDEMPOTENCY).with_detail("consumers", stores.len() as u64);
     let Some(latest) = out.iter().map(|(_, o)| *o).max_by_key(|o| o.failures) else {
         return Some(report);
     };
@@ -123,8 +123,8 @@ pub(crate) fn store_report(progress: &[(String, ConsumerProgress)]) -> Option<He
     let mut report = report
         .with_detail("error", latest.error.clone())
         .with_detail("since", rfc3339(since))
-        .with_detail("failures", latest.failures.to_string())
-        .with_detail("queues", queues.join(","));
+        .with_detail("failures", latest.failures)
+        .with_detail("queues", queues);
     report.status = HealthStatus::Degraded;
     Some(report)
 }

@@ -1,4 +1,6 @@
 use super::*;
+use crate::transport::TransportStatus;
+use std::sync::Arc;
 use std::time::Instant;
 
 struct Fixed(&'static str, HealthStatus);
@@ -58,8 +60,8 @@ fn blocked_connection_is_up_with_reason() {
     };
     let h = HealthRegistry::new().evaluate_with([connection_report(&s, &[])]);
     assert_eq!(h.status, HealthStatus::Up);
-    let c = h.report(CONNECTION).expect("connection report");
-    assert_eq!(c.detail("blocked"), Some("true"));
+    let c = h.report(COMPONENT).expect("acemq report");
+    assert_eq!(c.details["blocked"], true);
     assert_eq!(c.detail("blockedReason"), Some("low on disk"));
     assert_eq!(
         c.detail("detail"),
@@ -69,12 +71,12 @@ fn blocked_connection_is_up_with_reason() {
 
 #[test]
 fn unblocked_connection_says_blocked_false_and_no_reason() {
-    let r = connection_report(&up(), &[("inFlight", "4".into())]);
+    let r = connection_report(&up(), &[("inFlight", 4.into())]);
     assert_eq!(r.status, HealthStatus::Up);
-    assert_eq!(r.detail("blocked"), Some("false"));
-    assert_eq!(r.detail("open"), Some("true"));
-    assert_eq!(r.detail("blockedReason"), None);
-    assert_eq!(r.detail("inFlight"), Some("4"));
+    assert_eq!(r.details["blocked"], false);
+    assert_eq!(r.details["open"], true);
+    assert_eq!(r.detail_value("blockedReason"), None);
+    assert_eq!(r.details["inFlight"], 4);
 }
 
 #[test]
@@ -107,7 +109,7 @@ fn failing_and_panicking_contributors_are_down_under_their_names_only() {
     );
     assert_eq!(h.report("fine").map(|r| r.status), Some(HealthStatus::Up));
     assert_eq!(
-        h.report(CONNECTION).map(|r| r.status),
+        h.report(COMPONENT).map(|r| r.status),
         Some(HealthStatus::Up)
     );
 }
@@ -135,25 +137,46 @@ fn same_name_replaces_and_report_is_renamed_to_contributor() {
 }
 
 #[test]
-fn json_shape() {
-    let s = TransportStatus {
+fn json_shape_is_the_java_members() {
+    let reg = HealthRegistry::new();
+    reg.register(Arc::new(Fixed("orders", HealthStatus::Degraded)));
+    let extra = [("transport", "rabbitmq".into()), ("inFlight", 0.into())];
+    let h = reg.evaluate_with([connection_report(&up(), &extra)]);
+    assert_eq!(
+        serde_json::to_string(&h).unwrap(),
+        concat!(
+            r#"{"status":"DEGRADED","components":{"#,
+            r#""acemq":{"status":"UP","details":{"blocked":false,"inFlight":0,"open":true,"transport":"rabbitmq"}},"#,
+            r#""orders":{"status":"DEGRADED","details":{"k":"v"}}}}"#
+        )
+    );
+    let blocked = TransportStatus {
         connected: true,
         blocked: Some("low on memory".into()),
     };
-    let reg = HealthRegistry::new();
-    reg.register(Arc::new(Fixed("orders", HealthStatus::Degraded)));
-    let h = reg.evaluate_with([connection_report(&s, &[("transport", "memory".into())])]);
-    let j = h.to_json(Some(7));
-    assert_eq!(j["status"], "DEGRADED");
-    assert_eq!(j["inFlight"], 7);
-    assert_eq!(j["components"]["connection"]["status"], "UP");
-    assert_eq!(j["components"]["connection"]["details"]["blocked"], "true");
+    let j = Health::from_reports(vec![connection_report(&blocked, &extra)]).to_json();
+    assert_eq!(j["status"], "UP");
+    assert_eq!(j["components"]["acemq"]["details"]["blocked"], true);
     assert_eq!(
-        j["components"]["connection"]["details"]["blockedReason"],
+        j["components"]["acemq"]["details"]["blockedReason"],
         "low on memory"
     );
-    assert_eq!(j["components"]["orders"]["status"], "DEGRADED");
-    assert!(h.to_json(None).get("inFlight").is_none());
+    assert!(j.get("inFlight").is_none());
+}
+
+#[test]
+fn components_follow_acemq_in_order_and_a_repeated_name_shows_once() {
+    let h = Health::from_reports(vec![
+        HealthReport::up("acemq"),
+        HealthReport::up("zeta"),
+        HealthReport::up("alpha"),
+        HealthReport::degraded("zeta"),
+    ]);
+    let text = serde_json::to_string(&h).unwrap();
+    assert_eq!(
+        text,
+        r#"{"status":"DEGRADED","components":{"acemq":{"status":"UP","details":{}},"zeta":{"status":"DEGRADED","details":{}},"alpha":{"status":"UP","details":{}}}}"#
+    );
 }
 
 #[test]
@@ -170,7 +193,7 @@ fn evaluation_is_local_and_fast() {
     for i in 0..10_000u32 {
         let h = reg.evaluate_with([connection_report(
             &s,
-            &[("transport", "memory".into()), ("inFlight", i.to_string())],
+            &[("transport", "memory".into()), ("inFlight", i.into())],
         )]);
         downs += usize::from(h.is_down());
     }

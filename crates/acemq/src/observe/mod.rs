@@ -18,3 +18,25 @@
 
 pub mod metrics;
 pub mod trace;
+
+/// The family's name of the RabbitMQ transport (health, metrics' `transport` label,
+/// `/acemq-info`): `rabbitmq`.
+pub const TRANSPORT_RABBITMQ: &str = "rabbitmq";
+/// The family's name of the in-process broker: `memory`.
+pub const TRANSPORT_MEMORY: &str = "memory";
+
+/// The family-facing name of a transport kind: `amqp` (what
+/// [`Transport::kind`](crate::transport::Transport::kind) and `Connection::transport_kind`
+/// answer for RabbitMQ) is `rabbitmq`; every other kind is its own name.
+///
+/// ```
+/// use acemq::observe::transport_name;
+/// assert_eq!(transport_name("amqp"), "rabbitmq");
+/// assert_eq!(transport_name("memory"), "memory");
+/// ```
+pub fn transport_name(kind: &'static str) -> &'static str {
+    match kind {
+        "amqp" | "amqps" | TRANSPORT_RABBITMQ => TRANSPORT_RABBITMQ,
+        other => other,
+    }
+}

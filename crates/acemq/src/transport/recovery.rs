@@ -31,7 +31,7 @@ use tracing::{info, warn};
 
 use crate::topology::{BindingDecl, ExchangeDecl, QueueDecl};
 
-/// The counter every recovery event is counted in (tag `event`).
+/// The counter every recovery event is counted in (tags `event`, `transport`).
 pub const RECOVERY_TOTAL: &str = "acemq.connection.recovery.total";
 
 /// How a lost connection is redialled.
@@ -230,17 +230,19 @@ impl RecoveryEvent {
 #[derive(Debug)]
 pub(crate) struct Events {
     tx: broadcast::Sender<RecoveryEvent>,
-}
-
-impl Default for Events {
-    fn default() -> Self {
-        Events {
-            tx: broadcast::channel(256).0,
-        }
-    }
+    /// The family's transport name, the counter's `transport` label.
+    transport: &'static str,
 }
 
 impl Events {
+    /// The events of a transport named `transport` (`rabbitmq`, `memory`).
+    pub(crate) fn new(transport: &'static str) -> Self {
+        Events {
+            tx: broadcast::channel(256).0,
+            transport,
+        }
+    }
+
     pub(crate) fn subscribe(&self) -> broadcast::Receiver<RecoveryEvent> {
         self.tx.subscribe()
     }
@@ -280,7 +282,8 @@ impl Events {
             RecoveryEvent::Blocked { reason } => warn!(%reason, "the broker blocked publishing"),
             RecoveryEvent::Unblocked => info!("the broker unblocked publishing"),
         }
-        metrics::counter!(RECOVERY_TOTAL, "event" => event.name()).increment(1);
+        metrics::counter!(RECOVERY_TOTAL, "event" => event.name(), "transport" => self.transport)
+            .increment(1);
         let _ = self.tx.send(event);
     }
 }

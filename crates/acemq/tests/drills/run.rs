@@ -165,7 +165,7 @@ impl Drill {
             tokio::spawn(async move {
                 let mut last = String::new();
                 while !stop.is_cancelled() {
-                    let consumers = mq.health().to_json(None)["components"]["consumers"].clone();
+                    let consumers = mq.health().to_json()["components"]["consumers"].clone();
                     // The status and the reasons, not the progress timestamps and counts
                     // that change with every message.
                     let mut now = consumers["status"].to_string();
@@ -314,7 +314,7 @@ impl Drill {
                 self.label,
                 self.faults,
                 self.mq.status(),
-                self.mq.health().to_json(None),
+                self.mq.health().to_json(),
                 self.line()
             );
             tokio::time::sleep(Duration::from_millis(20)).await;

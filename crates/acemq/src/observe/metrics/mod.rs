@@ -5,66 +5,11 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use metrics::{Counter, Gauge, Histogram, Label, Unit};
+use metrics::{Counter, Gauge, Histogram, Label, SharedString};
 
-/// Publishes, by outcome (counter). Tags: `exchange`, `routing.key`, `message.type`, `outcome`.
-pub const PUBLISH_TOTAL: &str = "acemq.publish.total";
-/// Time from publish to outcome, seconds (histogram). Tags as [`PUBLISH_TOTAL`].
-pub const PUBLISH_DURATION: &str = "acemq.publish.duration";
-/// Deliveries handled, by outcome (counter). Tags: `queue`, `message.type`, `outcome`.
-pub const CONSUME_TOTAL: &str = "acemq.consume.total";
-/// Time from hand-over to settlement, seconds (histogram). Tags as [`CONSUME_TOTAL`].
-pub const CONSUME_DURATION: &str = "acemq.consume.duration";
-/// Deliveries inside a handler right now (gauge). Tag: `queue`.
-pub const CONSUME_IN_FLIGHT: &str = "acemq.consume.in.flight";
-/// Retries scheduled (counter, no tags).
-pub const MESSAGES_RETRIED_TOTAL: &str = "acemq.messages.retried.total";
-/// Messages set aside (counter). Tag: `outcome` = `dead_lettered` | `parked` | `rejected`.
-pub const MESSAGES_DEAD_LETTERED_TOTAL: &str = "acemq.messages.dead.lettered.total";
-/// A move to `{q}.dlq` / `{q}.parked` that did not land (counter). Tags: `queue`, `target`.
-pub const MESSAGES_SET_ASIDE_FAILED: &str = "acemq.messages.set.aside.failed";
-/// A retry rung queue that was not there (counter). Tags: `queue`, `rung`.
-pub const RETRY_RUNG_MISSING: &str = "acemq.retry.rung.missing";
-/// Outbox relays, by outcome `published` | `failed` (counter).
-pub const OUTBOX_TOTAL: &str = "acemq.outbox.total";
-/// Age of an outbox row when relayed, seconds (histogram).
-pub const OUTBOX_LAG: &str = "acemq.outbox.lag";
-/// Request/reply calls, by outcome `answered` | `timed_out` (counter).
-pub const REQUEST_TOTAL: &str = "acemq.request.total";
-/// Request/reply round trip, seconds (histogram).
-pub const REQUEST_DURATION: &str = "acemq.request.duration";
+pub use names::*;
 
-/// Every metric name above, for a set comparison with the other libraries.
-pub const ALL_METRIC_NAMES: &[&str] = &[
-    PUBLISH_TOTAL,
-    PUBLISH_DURATION,
-    CONSUME_TOTAL,
-    CONSUME_DURATION,
-    CONSUME_IN_FLIGHT,
-    MESSAGES_RETRIED_TOTAL,
-    MESSAGES_DEAD_LETTERED_TOTAL,
-    MESSAGES_SET_ASIDE_FAILED,
-    RETRY_RUNG_MISSING,
-    OUTBOX_TOTAL,
-    OUTBOX_LAG,
-    REQUEST_TOTAL,
-    REQUEST_DURATION,
-];
-
-/// Tag: the exchange published to (`""` for the default exchange).
-pub const TAG_EXCHANGE: &str = "exchange";
-/// Tag: the routing key.
-pub const TAG_ROUTING_KEY: &str = "routing.key";
-/// Tag: the envelope's message type.
-pub const TAG_MESSAGE_TYPE: &str = "message.type";
-/// Tag: the outcome (a closed set per metric).
-pub const TAG_OUTCOME: &str = "outcome";
-/// Tag: the consumed queue.
-pub const TAG_QUEUE: &str = "queue";
-/// Tag: where a set-aside was headed (`{q}.dlq`, `{q}.parked`).
-pub const TAG_TARGET: &str = "target";
-/// Tag: the missing retry rung (its queue name).
-pub const TAG_RUNG: &str = "rung";
+mod names;
 
 /// How a publish ended: the `outcome` tag of `acemq.publish.*`.
 ///
@@ -74,6 +19,7 @@ pub const TAG_RUNG: &str = "rung";
 /// assert!(PublishOutcome::Failed.is_error());
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum PublishOutcome {
     /// The broker confirmed it and it was routed.
     Confirmed,
@@ -126,6 +72,7 @@ impl PublishOutcome {
 /// assert_eq!(ConsumeOutcome::InProgress.as_str(), "in_progress");
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum ConsumeOutcome {
     /// Handled and acknowledged.
     Acked,
@@ -139,17 +86,21 @@ pub enum ConsumeOutcome {
     Rejected,
     /// Claimed elsewhere and still being handled: put back to wait.
     InProgress,
+    /// Ended without a settlement of its own (the family's value for a scope that closed
+    /// without an outcome).
+    Failed,
 }
 
 impl ConsumeOutcome {
     /// Every value, in declaration order.
-    pub const ALL: [ConsumeOutcome; 6] = [
+    pub const ALL: [ConsumeOutcome; 7] = [
         ConsumeOutcome::Acked,
         ConsumeOutcome::Retried,
         ConsumeOutcome::DeadLettered,
         ConsumeOutcome::Parked,
         ConsumeOutcome::Rejected,
         ConsumeOutcome::InProgress,
+        ConsumeOutcome::Failed,
     ];
 
     /// The tag value.
@@ -161,29 +112,68 @@ impl ConsumeOutcome {
             ConsumeOutcome::Parked => "parked",
             ConsumeOutcome::Rejected => "rejected",
             ConsumeOutcome::InProgress => "in_progress",
+            ConsumeOutcome::Failed => "failed",
         }
     }
 
-    /// Whether a span with this outcome has ERROR status (`dead_lettered`, `rejected`, as
-    /// in the Java library).
+    /// Whether a span with this outcome has ERROR status (`dead_lettered`, `rejected`,
+    /// `failed`, as in the Java library).
     pub const fn is_error(self) -> bool {
         matches!(
             self,
-            ConsumeOutcome::DeadLettered | ConsumeOutcome::Rejected
+            ConsumeOutcome::DeadLettered | ConsumeOutcome::Rejected | ConsumeOutcome::Failed
         )
     }
 
     /// Whether it also counts in `acemq.messages.dead.lettered.total` (dead-lettered,
     /// parked and rejected all leave the queue for a side queue).
     pub const fn is_set_aside(self) -> bool {
-        matches!(
-            self,
-            ConsumeOutcome::DeadLettered | ConsumeOutcome::Parked | ConsumeOutcome::Rejected
-        )
+        self.set_aside_outcome().is_some()
+    }
+
+    /// The `outcome` value it counts under in `acemq.messages.dead.lettered.total`, whose
+    /// closed set is `dead_lettered` | `parked`: a rejection goes to `{q}.dlq`, so it is
+    /// `dead_lettered` there.
+    ///
+    /// ```
+    /// use acemq::observe::metrics::ConsumeOutcome;
+    /// assert_eq!(ConsumeOutcome::Rejected.set_aside_outcome(), Some("dead_lettered"));
+    /// assert_eq!(ConsumeOutcome::Acked.set_aside_outcome(), None);
+    /// ```
+    pub const fn set_aside_outcome(self) -> Option<&'static str> {
+        match self {
+            ConsumeOutcome::DeadLettered | ConsumeOutcome::Rejected => Some("dead_lettered"),
+            ConsumeOutcome::Parked => Some("parked"),
+            _ => None,
+        }
     }
 
     const fn index(self) -> usize {
         self as usize
+    }
+}
+
+/// How an outbox relay ended: the `outcome` tag of `acemq.outbox.total`.
+///
+/// ```
+/// assert_eq!(acemq::observe::metrics::OutboxOutcome::Failed.as_str(), "failed");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum OutboxOutcome {
+    /// The row was published (confirmed) and marked.
+    Published,
+    /// Publishing the row failed; it stays for the next pass.
+    Failed,
+}
+
+impl OutboxOutcome {
+    /// The tag value.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            OutboxOutcome::Published => "published",
+            OutboxOutcome::Failed => "failed",
+        }
     }
 }
 
@@ -206,90 +196,113 @@ fn gauge(name: &'static str, labels: Vec<Label>) -> Gauge {
     metrics::with_recorder(|r| r.register_gauge(&key, &METADATA))
 }
 
+fn label(key: &'static str, value: &str) -> Label {
+    Label::new(key, SharedString::from(value.to_owned()))
+}
+
 fn publish_labels(
+    transport: &str,
     exchange: &str,
     routing_key: &str,
     message_type: &str,
     outcome: PublishOutcome,
 ) -> Vec<Label> {
     vec![
-        Label::new(TAG_EXCHANGE, exchange.to_owned()),
-        Label::new(TAG_ROUTING_KEY, routing_key.to_owned()),
-        Label::new(TAG_MESSAGE_TYPE, message_type.to_owned()),
+        label(TAG_EXCHANGE, exchange),
+        label(TAG_ROUTING_KEY, routing_key),
+        label(TAG_MESSAGE_TYPE, message_type),
+        label(TAG_TRANSPORT, transport),
         Label::from_static_parts(TAG_OUTCOME, outcome.as_str()),
     ]
 }
 
-fn consume_labels(queue: &str, message_type: &str, outcome: ConsumeOutcome) -> Vec<Label> {
+fn queue_type_labels(transport: &str, queue: &str, message_type: &str) -> Vec<Label> {
     vec![
-        Label::new(TAG_QUEUE, queue.to_owned()),
-        Label::new(TAG_MESSAGE_TYPE, message_type.to_owned()),
-        Label::from_static_parts(TAG_OUTCOME, outcome.as_str()),
+        label(TAG_QUEUE, queue),
+        label(TAG_MESSAGE_TYPE, message_type),
+        label(TAG_TRANSPORT, transport),
     ]
 }
 
-fn dead_lettered_counter(outcome: ConsumeOutcome) -> Counter {
-    counter(
-        MESSAGES_DEAD_LETTERED_TOTAL,
-        vec![Label::from_static_parts(TAG_OUTCOME, outcome.as_str())],
-    )
+fn with_outcome(mut labels: Vec<Label>, outcome: &'static str) -> Vec<Label> {
+    labels.push(Label::from_static_parts(TAG_OUTCOME, outcome));
+    labels
 }
 
-/// Counts one publish and records its duration.
+/// Counts one publish and records its duration (`transport`: `rabbitmq` or `memory`, see
+/// [`crate::observe::transport_name`]).
 ///
 /// ```
 /// use std::time::Duration;
 /// use acemq::observe::metrics::{record_publish, PublishOutcome};
-/// record_publish("orders", "orders.placed", "OrderPlaced", PublishOutcome::Confirmed, Duration::from_millis(2));
+/// record_publish("rabbitmq", "orders", "orders.placed", "OrderPlaced", PublishOutcome::Confirmed, Duration::from_millis(2));
 /// ```
 pub fn record_publish(
+    transport: &str,
     exchange: &str,
     routing_key: &str,
     message_type: &str,
     outcome: PublishOutcome,
     duration: Duration,
 ) {
-    let labels = publish_labels(exchange, routing_key, message_type, outcome);
+    let labels = publish_labels(transport, exchange, routing_key, message_type, outcome);
     histogram(PUBLISH_DURATION, labels.clone()).record(duration.as_secs_f64());
     counter(PUBLISH_TOTAL, labels).increment(1);
 }
 
 /// Counts one settled delivery and records its duration. A `Retried` outcome also counts
 /// in `acemq.messages.retried.total`; `DeadLettered`, `Parked` and `Rejected` also count in
-/// `acemq.messages.dead.lettered.total{outcome}`.
+/// `acemq.messages.dead.lettered.total{outcome}` ([`ConsumeOutcome::set_aside_outcome`]).
 ///
 /// ```
 /// use std::time::Duration;
 /// use acemq::observe::metrics::{record_consume, ConsumeOutcome};
-/// record_consume("orders.placed", "OrderPlaced", ConsumeOutcome::Acked, Duration::from_millis(5));
+/// record_consume("memory", "orders.placed", "OrderPlaced", ConsumeOutcome::Acked, Duration::from_millis(5));
 /// ```
 pub fn record_consume(
+    transport: &str,
     queue: &str,
     message_type: &str,
     outcome: ConsumeOutcome,
     duration: Duration,
 ) {
-    let labels = consume_labels(queue, message_type, outcome);
+    let base = queue_type_labels(transport, queue, message_type);
+    let labels = with_outcome(base.clone(), outcome.as_str());
     histogram(CONSUME_DURATION, labels.clone()).record(duration.as_secs_f64());
     counter(CONSUME_TOTAL, labels).increment(1);
     if outcome == ConsumeOutcome::Retried {
-        counter(MESSAGES_RETRIED_TOTAL, Vec::new()).increment(1);
-    } else if outcome.is_set_aside() {
-        dead_lettered_counter(outcome).increment(1);
+        counter(MESSAGES_RETRIED_TOTAL, base).increment(1);
+    } else if let Some(side) = outcome.set_aside_outcome() {
+        counter(MESSAGES_DEAD_LETTERED_TOTAL, with_outcome(base, side)).increment(1);
     }
+}
+
+/// Records the attempt (1 for a first delivery) a message was on when handled, in the
+/// `acemq.consume.attempts` distribution.
+///
+/// ```
+/// acemq::observe::metrics::record_attempt("rabbitmq", "orders", "OrderPlaced", 2);
+/// ```
+pub fn record_attempt(transport: &str, queue: &str, message_type: &str, attempt: u32) {
+    histogram(
+        CONSUME_ATTEMPTS,
+        queue_type_labels(transport, queue, message_type),
+    )
+    .record(f64::from(attempt));
 }
 
 /// Counts a move to a side queue (`target`: `{q}.dlq` or `{q}.parked`) that did not land.
 ///
 /// ```
-/// acemq::observe::metrics::record_set_aside_failed("orders", "orders.dlq");
+/// acemq::observe::metrics::record_set_aside_failed("rabbitmq", "orders", "orders.dlq");
 /// ```
-pub fn record_set_aside_failed(queue: &str, target: &str) {
+pub fn record_set_aside_failed(transport: &str, queue: &str, target: &str) {
     counter(
         MESSAGES_SET_ASIDE_FAILED,
         vec![
-            Label::new(TAG_QUEUE, queue.to_owned()),
-            Label::new(TAG_TARGET, target.to_owned()),
+            label(TAG_QUEUE, queue),
+            label(TAG_TARGET, target),
+            label(TAG_TRANSPORT, transport),
         ],
     )
     .increment(1);
@@ -298,31 +311,57 @@ pub fn record_set_aside_failed(queue: &str, target: &str) {
 /// Counts a retry whose rung queue (`rung`: its name, e.g. `orders.retry.1m`) was missing.
 ///
 /// ```
-/// acemq::observe::metrics::record_rung_missing("orders", "orders.retry.1m");
+/// acemq::observe::metrics::record_rung_missing("rabbitmq", "orders", "orders.retry.1m");
 /// ```
-pub fn record_rung_missing(queue: &str, rung: &str) {
+pub fn record_rung_missing(transport: &str, queue: &str, rung: &str) {
     counter(
         RETRY_RUNG_MISSING,
         vec![
-            Label::new(TAG_QUEUE, queue.to_owned()),
-            Label::new(TAG_RUNG, rung.to_owned()),
+            label(TAG_QUEUE, queue),
+            label(TAG_RUNG, rung),
+            label(TAG_TRANSPORT, transport),
         ],
     )
     .increment(1);
 }
 
-/// Moves the `acemq.consume.in.flight{queue}` gauge by `delta` (+1 when a handler starts,
-/// -1 when it returns).
+/// Counts one outbox relay and records the row's age when relayed (`acemq.outbox.lag`).
 ///
 /// ```
-/// acemq::observe::metrics::in_flight("orders", 1);
-/// acemq::observe::metrics::in_flight("orders", -1);
+/// use std::time::Duration;
+/// use acemq::observe::metrics::{record_outbox, OutboxOutcome};
+/// record_outbox("rabbitmq", "orders", "orders.placed", OutboxOutcome::Published, Duration::from_millis(40));
 /// ```
-pub fn in_flight(queue: &str, delta: i64) {
+pub fn record_outbox(
+    transport: &str,
+    exchange: &str,
+    routing_key: &str,
+    outcome: OutboxOutcome,
+    lag: Duration,
+) {
+    let labels = vec![
+        label(TAG_EXCHANGE, exchange),
+        label(TAG_ROUTING_KEY, routing_key),
+        label(TAG_TRANSPORT, transport),
+    ];
+    if outcome == OutboxOutcome::Published {
+        histogram(OUTBOX_LAG, labels.clone()).record(lag.as_secs_f64());
+    }
+    counter(OUTBOX_TOTAL, with_outcome(labels, outcome.as_str())).increment(1);
+}
+
+/// Moves the `acemq.consume.in.flight{queue, message.type, transport}` gauge by `delta`
+/// (+1 when a handler starts, -1 when it returns).
+///
+/// ```
+/// acemq::observe::metrics::in_flight("memory", "orders", "OrderPlaced", 1);
+/// acemq::observe::metrics::in_flight("memory", "orders", "OrderPlaced", -1);
+/// ```
+pub fn in_flight(transport: &str, queue: &str, message_type: &str, delta: i64) {
     move_gauge(
         &gauge(
             CONSUME_IN_FLIGHT,
-            vec![Label::new(TAG_QUEUE, queue.to_owned())],
+            queue_type_labels(transport, queue, message_type),
         ),
         delta,
     );
@@ -339,87 +378,46 @@ fn move_gauge(g: &Gauge, delta: i64) {
     }
 }
 
-/// Registers units and descriptions for every metric with the current recorder. Optional;
-/// exporters use them for `# HELP` lines. The actuator calls it after installing its recorder.
-pub fn describe() {
-    use metrics::{describe_counter, describe_gauge, describe_histogram};
-    describe_counter!(PUBLISH_TOTAL, Unit::Count, "AceMQ publishes by outcome");
-    describe_histogram!(
-        PUBLISH_DURATION,
-        Unit::Seconds,
-        "AceMQ publish time to outcome"
-    );
-    describe_counter!(CONSUME_TOTAL, Unit::Count, "AceMQ deliveries by outcome");
-    describe_histogram!(
-        CONSUME_DURATION,
-        Unit::Seconds,
-        "AceMQ handling time to settlement"
-    );
-    describe_gauge!(
-        CONSUME_IN_FLIGHT,
-        Unit::Count,
-        "AceMQ deliveries inside a handler"
-    );
-    describe_counter!(
-        MESSAGES_RETRIED_TOTAL,
-        Unit::Count,
-        "AceMQ retries scheduled"
-    );
-    describe_counter!(
-        MESSAGES_DEAD_LETTERED_TOTAL,
-        Unit::Count,
-        "AceMQ messages dead-lettered, parked or rejected"
-    );
-    describe_counter!(
-        MESSAGES_SET_ASIDE_FAILED,
-        Unit::Count,
-        "AceMQ moves to a side queue that did not land"
-    );
-    describe_counter!(
-        RETRY_RUNG_MISSING,
-        Unit::Count,
-        "AceMQ retries whose rung queue was missing"
-    );
-    describe_counter!(OUTBOX_TOTAL, Unit::Count, "AceMQ outbox relays by outcome");
-    describe_histogram!(
-        OUTBOX_LAG,
-        Unit::Seconds,
-        "AceMQ outbox row age when relayed"
-    );
-    describe_counter!(REQUEST_TOTAL, Unit::Count, "AceMQ requests by outcome");
-    describe_histogram!(REQUEST_DURATION, Unit::Seconds, "AceMQ request round trip");
-}
-
-/// Pre-keyed consume metrics for one (queue, message type): after a series' first use,
-/// recording never allocates.
+/// Pre-keyed consume metrics for one (transport, queue, message type): after a series'
+/// first use, recording never allocates.
 ///
 /// ```
 /// use std::time::Duration;
 /// use acemq::observe::metrics::{ConsumeMetrics, ConsumeOutcome};
-/// let m = ConsumeMetrics::new("orders.placed", "OrderPlaced");
+/// let m = ConsumeMetrics::new("memory", "orders.placed", "OrderPlaced");
 /// m.in_flight(1);
+/// m.attempt(1);
 /// m.record(ConsumeOutcome::DeadLettered, Duration::from_millis(1));
 /// m.in_flight(-1);
 /// ```
 #[derive(Debug)]
 pub struct ConsumeMetrics {
+    transport: String,
     queue: String,
     message_type: String,
-    series: [OnceLock<(Counter, Histogram)>; 6],
-    side: [OnceLock<Counter>; 6],
+    series: [OnceLock<(Counter, Histogram)>; ConsumeOutcome::ALL.len()],
+    side: [OnceLock<Counter>; 2],
     retried: OnceLock<Counter>,
+    attempts: OnceLock<Histogram>,
     in_flight: OnceLock<Gauge>,
 }
 
 impl ConsumeMetrics {
-    /// Handles for a queue and the message type its handler takes.
-    pub fn new(queue: impl Into<String>, message_type: impl Into<String>) -> Self {
+    /// Handles for a transport (`rabbitmq`, `memory`), a queue and the message type its
+    /// handler takes.
+    pub fn new(
+        transport: impl Into<String>,
+        queue: impl Into<String>,
+        message_type: impl Into<String>,
+    ) -> Self {
         ConsumeMetrics {
+            transport: transport.into(),
             queue: queue.into(),
             message_type: message_type.into(),
             series: Default::default(),
             side: Default::default(),
             retried: OnceLock::new(),
+            attempts: OnceLock::new(),
             in_flight: OnceLock::new(),
         }
     }
@@ -429,10 +427,14 @@ impl ConsumeMetrics {
         &self.queue
     }
 
-    /// Same as [`record_consume`] for this queue and type.
+    fn base(&self) -> Vec<Label> {
+        queue_type_labels(&self.transport, &self.queue, &self.message_type)
+    }
+
+    /// Same as [`record_consume`] for this transport, queue and type.
     pub fn record(&self, outcome: ConsumeOutcome, duration: Duration) {
         let (total, duration_h) = self.series[outcome.index()].get_or_init(|| {
-            let labels = consume_labels(&self.queue, &self.message_type, outcome);
+            let labels = with_outcome(self.base(), outcome.as_str());
             (
                 counter(CONSUME_TOTAL, labels.clone()),
                 histogram(CONSUME_DURATION, labels),
@@ -442,62 +444,75 @@ impl ConsumeMetrics {
         total.increment(1);
         if outcome == ConsumeOutcome::Retried {
             self.retried
-                .get_or_init(|| counter(MESSAGES_RETRIED_TOTAL, Vec::new()))
+                .get_or_init(|| counter(MESSAGES_RETRIED_TOTAL, self.base()))
                 .increment(1);
-        } else if outcome.is_set_aside() {
-            self.side[outcome.index()]
-                .get_or_init(|| dead_lettered_counter(outcome))
+        } else if let Some(side) = outcome.set_aside_outcome() {
+            let slot = usize::from(side == "parked");
+            self.side[slot]
+                .get_or_init(|| {
+                    counter(
+                        MESSAGES_DEAD_LETTERED_TOTAL,
+                        with_outcome(self.base(), side),
+                    )
+                })
                 .increment(1);
         }
     }
 
-    /// Same as [`in_flight`] for this queue.
+    /// Same as [`record_attempt`] for this transport, queue and type.
+    pub fn attempt(&self, attempt: u32) {
+        self.attempts
+            .get_or_init(|| histogram(CONSUME_ATTEMPTS, self.base()))
+            .record(f64::from(attempt));
+    }
+
+    /// Same as [`in_flight`] for this transport, queue and type.
     pub fn in_flight(&self, delta: i64) {
-        let g = self.in_flight.get_or_init(|| {
-            gauge(
-                CONSUME_IN_FLIGHT,
-                vec![Label::new(TAG_QUEUE, self.queue.clone())],
-            )
-        });
+        let g = self
+            .in_flight
+            .get_or_init(|| gauge(CONSUME_IN_FLIGHT, self.base()));
         move_gauge(g, delta);
     }
 
-    /// Same as [`record_set_aside_failed`] for this queue (rare: not cached).
+    /// Same as [`record_set_aside_failed`] for this transport and queue (rare: not cached).
     pub fn set_aside_failed(&self, target: &str) {
-        record_set_aside_failed(&self.queue, target);
+        record_set_aside_failed(&self.transport, &self.queue, target);
     }
 
-    /// Same as [`record_rung_missing`] for this queue (rare: not cached).
+    /// Same as [`record_rung_missing`] for this transport and queue (rare: not cached).
     pub fn rung_missing(&self, rung: &str) {
-        record_rung_missing(&self.queue, rung);
+        record_rung_missing(&self.transport, &self.queue, rung);
     }
 }
 
-/// Pre-keyed publish metrics for one (exchange, routing key, message type): after a
-/// series' first use, recording never allocates.
+/// Pre-keyed publish metrics for one (transport, exchange, routing key, message type):
+/// after a series' first use, recording never allocates.
 ///
 /// ```
 /// use std::time::Duration;
 /// use acemq::observe::metrics::{PublishMetrics, PublishOutcome};
-/// let m = PublishMetrics::new("", "orders.placed", "OrderPlaced");
+/// let m = PublishMetrics::new("memory", "", "orders.placed", "OrderPlaced");
 /// m.record(PublishOutcome::Unroutable, Duration::from_micros(300));
 /// ```
 #[derive(Debug)]
 pub struct PublishMetrics {
+    transport: String,
     exchange: String,
     routing_key: String,
     message_type: String,
-    series: [OnceLock<(Counter, Histogram)>; 5],
+    series: [OnceLock<(Counter, Histogram)>; PublishOutcome::ALL.len()],
 }
 
 impl PublishMetrics {
-    /// Handles for one destination and message type.
+    /// Handles for one transport, destination and message type.
     pub fn new(
+        transport: impl Into<String>,
         exchange: impl Into<String>,
         routing_key: impl Into<String>,
         message_type: impl Into<String>,
     ) -> Self {
         PublishMetrics {
+            transport: transport.into(),
             exchange: exchange.into(),
             routing_key: routing_key.into(),
             message_type: message_type.into(),
@@ -505,10 +520,11 @@ impl PublishMetrics {
         }
     }
 
-    /// Same as [`record_publish`] for this destination and type.
+    /// Same as [`record_publish`] for this transport, destination and type.
     pub fn record(&self, outcome: PublishOutcome, duration: Duration) {
         let (total, duration_h) = self.series[outcome.index()].get_or_init(|| {
             let labels = publish_labels(
+                &self.transport,
                 &self.exchange,
                 &self.routing_key,
                 &self.message_type,

@@ -154,7 +154,7 @@ impl AmqpTransport {
             status_rx,
             closed: AtomicBool::new(false),
             declared: DeclaredTopology::default(),
-            events: Events::default(),
+            events: Events::new(crate::observe::TRANSPORT_RABBITMQ),
         });
         let weak = Arc::downgrade(&inner);
         let supervisors = vec![

@@ -194,7 +194,7 @@ impl MemoryTransport {
                 recovering: AtomicBool::new(false),
                 policy: std::sync::Mutex::new(RecoveryPolicy::default()),
                 declared: DeclaredTopology::default(),
-                events: Events::default(),
+                events: Events::new(crate::observe::TRANSPORT_MEMORY),
             }),
         }
     }
