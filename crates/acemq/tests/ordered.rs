@@ -268,11 +268,14 @@ async fn a_halted_partition_holds_its_message_while_the_others_finish_and_resume
             .report(&format!("ordered:{}", q.name()))
             .expect("ordered report");
         assert_eq!(report.status, HealthStatus::Degraded);
-        assert_eq!(report.detail("halted"), Some("1"));
-        assert_eq!(report.detail("partitions"), Some("4"));
-        assert_eq!(report.detail("failed"), Some("1"));
-        assert_eq!(report.detail("handled"), Some("61"));
-        assert_eq!(report.detail("skipped"), Some("0"));
+        assert_eq!(report.detail_value("halted"), Some(&serde_json::json!([1])));
+        assert_eq!(
+            report.detail_value("partitions"),
+            Some(&serde_json::json!(4))
+        );
+        assert_eq!(report.detail_value("failed"), Some(&serde_json::json!(1)));
+        assert_eq!(report.detail_value("handled"), Some(&serde_json::json!(61)));
+        assert_eq!(report.detail_value("skipped"), Some(&serde_json::json!(0)));
         #[cfg(feature = "actuator")]
         {
             let actuator = mq
@@ -282,6 +285,9 @@ async fn a_halted_partition_holds_its_message_while_the_others_finish_and_resume
             let a = http_client::get(actuator.local_addr(), "/acemq-health").await;
             assert_eq!(a.status, 200, "{}", a.body);
             assert_eq!(a.json()["status"], "DEGRADED");
+            let details = &a.json()["components"][format!("ordered:{}", q.name())]["details"];
+            assert_eq!(details["halted"], serde_json::json!([1]), "{}", a.body);
+            assert_eq!(details["partitions"], serde_json::json!(4), "{}", a.body);
         }
         // Resume: the held message runs again (attempt 1) and the one behind it follows.
         allow.store(true, Ordering::SeqCst);

@@ -123,7 +123,7 @@ async fn a_second_instance_stands_by_and_takes_over_when_the_first_connection_cl
         .await;
         let report = b.health();
         let report = report.report(&format!("ordered:{name}")).unwrap();
-        assert_eq!(report.detail("standby"), Some("8"));
+        assert_eq!(report.detail_value("standby"), Some(&serde_json::json!(8)));
 
         send_range(&qa, 40, 0..25).await;
         eventually(WAIT, "the first 1,000 handled", || async {

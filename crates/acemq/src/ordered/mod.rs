@@ -307,7 +307,7 @@ impl<T: DeserializeOwned + Send + 'static> OrderedQueue<T> {
         }
         let shared = Arc::new(Shared::new(
             &self.name,
-            engine.transport.kind(),
+            crate::observe::transport_name(engine.transport.kind()),
             self.partitions,
         ));
         let (stop, closing) = (CancellationToken::new(), CancellationToken::new());

@@ -14,11 +14,7 @@ use crate::health::{HealthContributor, HealthReport};
 use crate::lifecycle::{ConsumerProgress, ReportsProgress};
 use crate::util::lock;
 
-/// Deliveries handled by an ordered consumer (counter). Tags: `queue` (the partition's
-/// queue), `transport`, `outcome` = `handled` | `skipped` | `parked` | `halted`.
-pub const ORDERED_TOTAL: &str = "acemq.ordered.total";
-/// Partitions halted right now (gauge). Tags: `queue` (the ordered queue's name), `transport`.
-pub const ORDERED_HALTED: &str = "acemq.ordered.halted";
+pub use crate::observe::metrics::{ORDERED_HALTED, ORDERED_TOTAL};
 
 /// Where one partition stands in this process.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -223,8 +219,8 @@ impl Shared {
             .set(n as f64);
     }
 
-    /// The details of the `ordered:{name}` report, typed ([`Detail`]) so that they can be
-    /// written as JSON numbers and arrays once health details are typed.
+    /// The details of the `ordered:{name}` report, typed ([`Detail`]): numbers, the list
+    /// of halted partitions, a text per halted partition.
     pub(crate) fn details(&self) -> Vec<(String, Detail)> {
         let s = self.stats();
         let halted = self.halted();
@@ -266,24 +262,21 @@ impl Shared {
     }
 }
 
-/// One detail of the `ordered:{name}` report, before it is written as a string.
+/// One detail of the `ordered:{name}` report: a JSON number, array or string.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Detail {
     Number(u64),
-    /// Written `"2,5"` (empty when none).
+    /// The halted partitions, as a JSON array (`[]` when none).
     List(Vec<u32>),
     Text(String),
 }
 
-impl std::fmt::Display for Detail {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Detail::Number(n) => write!(f, "{n}"),
-            Detail::List(l) => {
-                let parts: Vec<String> = l.iter().map(u32::to_string).collect();
-                f.write_str(&parts.join(","))
-            }
-            Detail::Text(t) => f.write_str(t),
+impl From<Detail> for serde_json::Value {
+    fn from(d: Detail) -> Self {
+        match d {
+            Detail::Number(n) => n.into(),
+            Detail::List(l) => l.into(),
+            Detail::Text(t) => t.into(),
         }
     }
 }
@@ -310,7 +303,7 @@ impl HealthContributor for OrderedHealth {
             HealthReport::degraded(self.name())
         };
         for (k, v) in self.0.details() {
-            report = report.with_detail(k, v.to_string());
+            report = report.with_detail(k, v);
         }
         Ok(report)
     }

@@ -233,13 +233,34 @@ pub const METRICS: &[MetricSpec] = &[
     ),
 ];
 
+/// Deliveries handled by an ordered consumer (counter; Rust only). Tags: `queue` (the
+/// partition's queue), `transport`, `outcome` = `handled` | `skipped` | `parked` | `halted`.
+pub const ORDERED_TOTAL: &str = "acemq.ordered.total";
+/// Partitions halted right now (gauge; Rust only). Tags: `queue` (the ordered queue's
+/// name), `transport`.
+pub const ORDERED_HALTED: &str = "acemq.ordered.halted";
+
 /// Metrics of this library only (not in the wire contract), described like the others.
-pub const RUST_ONLY_METRICS: &[MetricSpec] = &[spec(
-    crate::transport::recovery::RECOVERY_TOTAL,
-    Instrument::Counter,
-    &["event", TAG_TRANSPORT],
-    "AceMQ connection recovery events",
-)];
+pub const RUST_ONLY_METRICS: &[MetricSpec] = &[
+    spec(
+        crate::transport::recovery::RECOVERY_TOTAL,
+        Instrument::Counter,
+        &["event", TAG_TRANSPORT],
+        "AceMQ connection recovery events",
+    ),
+    spec(
+        ORDERED_TOTAL,
+        Instrument::Counter,
+        &[TAG_QUEUE, TAG_TRANSPORT, TAG_OUTCOME],
+        "AceMQ ordered-queue deliveries by outcome",
+    ),
+    spec(
+        ORDERED_HALTED,
+        Instrument::Gauge,
+        &[TAG_QUEUE, TAG_TRANSPORT],
+        "AceMQ ordered-queue partitions halted now",
+    ),
+];
 
 const fn spec(
     name: &'static str,
