@@ -43,6 +43,7 @@ pub mod observe;
 pub mod publish;
 pub mod replay;
 pub mod retry;
+pub mod stream;
 pub mod topology;
 pub mod transport;
 mod util;

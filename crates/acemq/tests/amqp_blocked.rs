@@ -111,6 +111,7 @@ async fn a_blocked_publisher_fails_fast_while_consumers_keep_acking() {
             prefetch: 5,
             consumer_tag: String::new(),
             exclusive: false,
+            arguments: Default::default(),
         })
         .await
         .expect("consume while blocked");

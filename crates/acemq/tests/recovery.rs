@@ -127,6 +127,7 @@ async fn memory_unsettled_deliveries_go_back_and_their_acks_report_not_sent() {
             prefetch: 1,
             consumer_tag: String::new(),
             exclusive: false,
+            arguments: Default::default(),
         })
         .await
         .expect("consume");
@@ -324,6 +325,7 @@ async fn memory_injected_faults_lose_confirms_and_acks_delay_confirms_and_cancel
             prefetch: 10,
             consumer_tag: String::new(),
             exclusive: false,
+            arguments: Default::default(),
         })
         .await
         .expect("consume");

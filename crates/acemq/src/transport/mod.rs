@@ -249,6 +249,9 @@ pub struct ConsumeSpec {
     pub consumer_tag: String,
     /// Exclusive consumer.
     pub exclusive: bool,
+    /// basic.consume arguments (e.g. `x-stream-offset` for a stream); empty for none.
+    /// `memory://` refuses any (it has no streams).
+    pub arguments: Headers,
 }
 
 /// A live subscription: deliveries come from [`Subscription::next`].

@@ -288,6 +288,7 @@ pub fn spec(queue: &str, prefetch: u16) -> ConsumeSpec {
         prefetch,
         consumer_tag: String::new(),
         exclusive: false,
+        arguments: Default::default(),
     }
 }
 
