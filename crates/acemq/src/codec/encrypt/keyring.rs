@@ -77,7 +77,7 @@ impl std::fmt::Debug for Key {
 /// ```
 /// use acemq::codec::encrypt::{Key, Keyring};
 /// let ring = Keyring::builder()
-///     .add(Key::new("k1", [1u8; 32]).unwrap())
+///     .older(Key::new("k1", [1u8; 32]).unwrap())
 ///     .current(Key::new("k2", [2u8; 32]).unwrap())
 ///     .build()
 ///     .unwrap();
@@ -128,12 +128,12 @@ impl Keyring {
     }
 }
 
-/// Builds a [`Keyring`]: [`add`](KeyringBuilder::add) older keys (decryption only) and set
+/// Builds a [`Keyring`]: [`older`](KeyringBuilder::older) older keys (decryption only) and set
 /// the [`current`](KeyringBuilder::current) one.
 ///
 /// ```
 /// use acemq::codec::encrypt::{Key, Keyring};
-/// let e = Keyring::builder().add(Key::new("k1", [1u8; 32]).unwrap()).build().unwrap_err();
+/// let e = Keyring::builder().older(Key::new("k1", [1u8; 32]).unwrap()).build().unwrap_err();
 /// assert!(e.to_string().contains("current"));
 /// ```
 #[derive(Debug, Default)]
@@ -144,7 +144,7 @@ pub struct KeyringBuilder {
 
 impl KeyringBuilder {
     /// Adds a key that opens bodies sealed under its id but seals nothing new.
-    pub fn add(mut self, key: Key) -> Self {
+    pub fn older(mut self, key: Key) -> Self {
         self.older.push(key);
         self
     }

@@ -78,7 +78,7 @@ pub enum EncryptionError {
     },
     /// The body was sealed under a key id this keyring lacks.
     #[error(
-        "the body was encrypted with key {key_id:?}, which this keyring does not hold: add that key to the consumer's keyring (Keyring::builder().add(..)) and replay it"
+        "the body was encrypted with key {key_id:?}, which this keyring does not hold: add that key to the consumer's keyring (Keyring::builder().older(..)) and replay it"
     )]
     UnknownKey {
         /// The key id the body names.

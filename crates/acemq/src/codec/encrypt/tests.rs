@@ -101,7 +101,7 @@ fn a_rotated_keyring_opens_old_bodies_and_seals_with_the_new_key() {
     let old = Encrypted::wrapping(Json, Keyring::of(Key::new("k1", [1; 32]).unwrap()));
     let body = old.encode(&"x").unwrap();
     let ring = Keyring::builder()
-        .add(Key::new("k1", [1; 32]).unwrap())
+        .older(Key::new("k1", [1; 32]).unwrap())
         .current(Key::new("k2", [2; 32]).unwrap())
         .build()
         .unwrap();
@@ -110,7 +110,7 @@ fn a_rotated_keyring_opens_old_bodies_and_seals_with_the_new_key() {
     assert_eq!(v, "x");
     assert_eq!(key_id_of(&new.encode(&"y").unwrap()).unwrap(), "k2");
     let dup = Keyring::builder()
-        .add(Key::new("k1", [1; 32]).unwrap())
+        .older(Key::new("k1", [1; 32]).unwrap())
         .current(Key::new("k1", [2; 32]).unwrap())
         .build();
     assert!(matches!(dup, Err(EncryptionError::DuplicateKeyId { .. })));
