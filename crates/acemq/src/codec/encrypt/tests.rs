@@ -2,7 +2,7 @@
 //! and the framing's edges. The nonce is private API, so byte-exactness is checked here.
 
 use super::*;
-use crate::codec::{Json, Text};
+use crate::codec::{Json, RawBytes, Text};
 
 fn fixture_key() -> Key {
     let secret: [u8; 32] = std::array::from_fn(|i| i as u8);
@@ -116,4 +116,62 @@ fn a_rotated_keyring_opens_old_bodies_and_seals_with_the_new_key() {
     assert!(matches!(dup, Err(EncryptionError::DuplicateKeyId { .. })));
     assert!(Key::new("", [0; 32]).is_err());
     assert!(Key::new("x".repeat(256), [0; 32]).is_err());
+}
+
+/// A body Java's `EncryptedCodec` wrote (key `00..1f`, id `2026-01`, `hello`), as pinned by
+/// the Python member's `tests/test_encrypted.py`.
+const JAVA_BODY: &str =
+    "ae0107323032362d303175345ecc4a26ac55fcb992696364875909f4a91111aa73a811e509a7fedf911916";
+/// The old Go framing for the same key and plaintext (no magic, two-byte length): refused.
+const GO_BODY: &str =
+    "010007323032362d30311abb60483ecd9b10f2817d6bbc6716a5813db519e5fe797c96d6c725baf9ddbbe6";
+
+#[test]
+fn a_body_java_wrote_opens_and_the_old_go_framing_is_refused() {
+    let ring = Keyring::of(fixture_key());
+    assert_eq!(open(&ring, &hex(JAVA_BODY)).unwrap(), b"hello");
+    assert_eq!(key_id_of(&hex(JAVA_BODY)).unwrap(), "2026-01");
+    let codec = Encrypted::wrapping(RawBytes, ring);
+    let e = Decoder::<Vec<u8>>::decode(&codec, Some(ENCRYPTED), &hex(GO_BODY)).unwrap_err();
+    assert!(e.to_string().contains("does not start with AE 01"), "{e}");
+}
+
+#[test]
+fn a_relabelled_key_id_fails_even_when_both_ids_hold_the_same_key() {
+    let secret: [u8; 32] = std::array::from_fn(|i| i as u8);
+    let written = seal(&fixture_key(), [9; 12], b"hello").unwrap();
+    let mut relabelled = vec![0xAE, 0x01, 7];
+    relabelled.extend_from_slice(b"2026-02");
+    relabelled.extend_from_slice(&written[10..]);
+    let ring = Keyring::of(Key::new("2026-02", secret).unwrap());
+    assert!(matches!(
+        open(&ring, &relabelled),
+        Err(EncryptionError::Tampered { .. })
+    ));
+}
+
+#[test]
+fn no_failure_message_shows_key_material_or_plaintext() {
+    let codec = Encrypted::wrapping(Text, Keyring::of(fixture_key()));
+    let body = Encoder::<str>::encode(&codec, "4111111111111111").unwrap();
+    let mut tampered = body.to_vec();
+    tampered[20] ^= 1;
+    let other = Encrypted::wrapping(Text, Keyring::of(Key::new("2026-01", [0; 32]).unwrap()));
+    let failures = [
+        Decoder::<String>::decode(&codec, Some(ENCRYPTED), &tampered).unwrap_err(),
+        Decoder::<String>::decode(&other, Some(ENCRYPTED), &body).unwrap_err(),
+        Decoder::<String>::decode(&codec, Some(ENCRYPTED), &body[..14]).unwrap_err(),
+    ];
+    let key_hex: String = (0u8..32).map(|b| format!("{b:02x}")).collect();
+    for e in failures {
+        let text = e.to_string();
+        assert!(!text.contains("4111") && !text.contains(&key_hex), "{text}");
+    }
+    // A wrong key and a tampered body read the same.
+    let (a, b) = (
+        Decoder::<String>::decode(&codec, Some(ENCRYPTED), &tampered).unwrap_err(),
+        Decoder::<String>::decode(&other, Some(ENCRYPTED), &body).unwrap_err(),
+    );
+    assert_eq!(a.to_string(), b.to_string());
+    assert!(!format!("{:?}", fixture_key()).contains("1f"));
 }
