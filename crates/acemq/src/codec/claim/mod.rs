@@ -211,14 +211,16 @@ pub fn key_of(body: &[u8]) -> Option<&str> {
         .filter(|k| !k.is_empty())
 }
 
-/// Whether a body is in the claim-check framing (inline or stored).
+/// Whether a body is a claim check: it carries a store key (`AC 01 01 {key}`). An inline
+/// body (`AC 01 00 …`) is not one, as in the other members.
 ///
 /// ```
-/// assert!(acemq::codec::claim::is_claim_check(b"\xAC\x01\x00x"));
+/// assert!(acemq::codec::claim::is_claim_check(b"\xAC\x01\x01k"));
+/// assert!(!acemq::codec::claim::is_claim_check(b"\xAC\x01\x00x"));
 /// assert!(!acemq::codec::claim::is_claim_check(b"x"));
 /// ```
 pub fn is_claim_check(body: &[u8]) -> bool {
-    body.starts_with(&INLINE) || body.starts_with(&STORED)
+    key_of(body).is_some()
 }
 
 /// Runs a store's future to completion from the synchronous codec (see the module docs).

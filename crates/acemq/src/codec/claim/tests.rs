@@ -79,3 +79,19 @@ async fn the_codec_drives_the_store_inside_a_multi_thread_runtime() {
     let back: Vec<u8> = c.decode(None, &body).unwrap();
     assert_eq!(back, [1, 2, 3]);
 }
+
+#[test]
+fn other_framings_and_versions_go_to_the_inner_codec_whole() {
+    let c = codec(Arc::new(InMemoryClaimCheckStore::new()));
+    for body in [
+        &b"\xAC\x02\x00stuff"[..],
+        b"\xAC\x01\x09stuff",
+        b"\xAC",
+        b"",
+    ] {
+        let v: Vec<u8> = c.decode(None, body).unwrap();
+        assert_eq!(v, body);
+        assert!(key_of(body).is_none() && !is_claim_check(body));
+    }
+    assert!(!is_claim_check(b"\xAC\x01\x00{}"));
+}
