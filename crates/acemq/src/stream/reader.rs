@@ -366,10 +366,9 @@ where
             self.floor = from;
         }
         tracing::info!(stream = %self.spec.queue, resume_from = ?from, "stream subscription ended; reading again from the reader's position");
-        let control = self.control.clone();
+        let stream = self.spec.queue.clone();
         let sub = resubscribe(&self.engine.transport, &self.spec, &self.stop, |reason| {
-            tracing::debug!(%reason, "stream reader waiting");
-            let _ = &control;
+            tracing::debug!(%stream, %reason, "stream reader waiting to subscribe again");
         })
         .await;
         if sub.is_some() {
