@@ -24,6 +24,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
 mod wait;
+/// Codec-wrapper scenarios: encryption and claim check (issue 15).
+pub mod wrappers;
 pub use wait::{FAIL_EVERY, FAILURE_WAIT, WAIT_PREFETCH, WORK, acemq_waits};
 
 /// The error type of the benchmark.

@@ -49,6 +49,10 @@ struct Args {
     /// Print every run's numbers as it finishes.
     #[arg(long)]
     verbose: bool,
+    /// Only the codec-wrapper scenarios (encryption, claim check): encode + decode rates,
+    /// no broker (`--messages`, default 20,000, and `--size` apply).
+    #[arg(long)]
+    wrappers: bool,
 }
 
 impl Args {
@@ -134,6 +138,15 @@ async fn bench(mut args: Args) -> Result<()> {
         args.rounds = 1;
     }
     let rounds = args.rounds.max(1);
+    if args.wrappers {
+        let n = args
+            .messages
+            .unwrap_or(if args.quick { 100 } else { 20_000 });
+        for row in acemq_bench::wrappers::run(n, args.size)? {
+            println!("{}", row.line());
+        }
+        return Ok(());
+    }
     acemq_bench::set_raw_envelope_headers(args.raw_envelope_headers);
     let scenarios: Vec<Scenario> = if args.scenarios.is_empty() {
         Scenario::ALL.to_vec()

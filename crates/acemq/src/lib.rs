@@ -45,6 +45,7 @@ pub mod ordered;
 pub mod publish;
 pub mod replay;
 pub mod retry;
+pub mod stream;
 pub mod topology;
 pub mod transport;
 mod util;

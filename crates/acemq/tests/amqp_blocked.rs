@@ -106,12 +106,7 @@ async fn a_blocked_publisher_fails_fast_while_consumers_keep_acking() {
 
     // The consuming connection is not blocked: consume, ack, inspect, declare.
     let mut sub = t
-        .consume(ConsumeSpec {
-            queue: q.clone(),
-            prefetch: 5,
-            consumer_tag: String::new(),
-            exclusive: false,
-        })
+        .consume(ConsumeSpec::new(&q, 5))
         .await
         .expect("consume while blocked");
     let d = tokio::time::timeout(Duration::from_secs(5), sub.next())

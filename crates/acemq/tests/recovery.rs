@@ -121,15 +121,7 @@ async fn memory_unsettled_deliveries_go_back_and_their_acks_report_not_sent() {
         .expect("publish")
         .await
         .expect("confirm");
-    let mut sub = t
-        .consume(ConsumeSpec {
-            queue: q.clone(),
-            prefetch: 1,
-            consumer_tag: String::new(),
-            exclusive: false,
-        })
-        .await
-        .expect("consume");
+    let mut sub = t.consume(ConsumeSpec::new(&q, 1)).await.expect("consume");
     let d = sub.next().await.expect("delivery").expect("ok");
     t.drop_connection("drill");
     assert!(matches!(
@@ -318,15 +310,7 @@ async fn memory_injected_faults_lose_confirms_and_acks_delay_confirms_and_cancel
     again.acker.ack().await.expect("ack");
 
     // A broker-side cancel ends a subscription that we did not cancel.
-    let mut sub = t
-        .consume(ConsumeSpec {
-            queue: q.clone(),
-            prefetch: 10,
-            consumer_tag: String::new(),
-            exclusive: false,
-        })
-        .await
-        .expect("consume");
+    let mut sub = t.consume(ConsumeSpec::new(&q, 10)).await.expect("consume");
     assert_eq!(broker.cancel_consumers(&q), 1);
     let mut n = 0;
     while let Some(d) = sub.next().await {

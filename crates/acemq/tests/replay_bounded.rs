@@ -87,15 +87,7 @@ async fn drain(t: &dyn Transport, queue: &str, n: usize) -> Vec<Delivery> {
     if n == 0 {
         return out;
     }
-    let mut sub = t
-        .consume(ConsumeSpec {
-            queue: queue.into(),
-            prefetch: 500,
-            consumer_tag: String::new(),
-            exclusive: false,
-        })
-        .await
-        .unwrap();
+    let mut sub = t.consume(ConsumeSpec::new(queue, 500)).await.unwrap();
     while out.len() < n {
         let d = tokio::time::timeout(WAIT, sub.next())
             .await

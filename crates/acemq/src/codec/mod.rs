@@ -25,6 +25,12 @@ mod bytes;
 mod json;
 mod text;
 
+// --- streams helper: encryption and claim check (issue 15) ---
+#[cfg(feature = "claim-check")]
+pub mod claim;
+#[cfg(feature = "encryption")]
+pub mod encrypt;
+
 pub use self::bytes::RawBytes;
 pub use self::json::Json;
 pub use self::text::Text;

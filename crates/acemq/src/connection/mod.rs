@@ -392,4 +392,42 @@ impl Connection {
     pub fn ordered<T>(&self, name: &str) -> crate::ordered::OrderedQueue<T> {
         crate::ordered::OrderedQueue::new(self.engine.clone(), name)
     }
+
+    // --- Streams (issue 15) ---------------------------------------------------------------
+
+    /// Declares a RabbitMQ stream (`x-queue-type: stream`) with its retention; with none, a
+    /// warning is logged (the stream grows until the disk fills). Refused on `memory://`,
+    /// which has no streams.
+    pub async fn declare_stream(
+        &self,
+        name: &str,
+        retention: crate::stream::StreamRetention,
+    ) -> Result<(), Error> {
+        if retention.is_unbounded() {
+            tracing::warn!(
+                stream = name,
+                "declaring a stream with no retention (no max age, no max length): it grows without bound"
+            );
+        }
+        let decl = retention.declaration(name)?;
+        self.engine.transport.declare_queue(&decl).await?;
+        Ok(())
+    }
+
+    /// A reader of JSON entries of stream `name` (from `next` unless told otherwise).
+    pub fn stream<T>(&self, name: &str) -> crate::stream::StreamReader<T, Json>
+    where
+        T: DeserializeOwned + Send + 'static,
+    {
+        self.stream_with(name, Json)
+    }
+
+    /// A reader of stream `name` with another codec.
+    pub fn stream_with<T, D>(&self, name: &str, decoder: D) -> crate::stream::StreamReader<T, D>
+    where
+        T: Send + 'static,
+        D: Decoder<T>,
+    {
+        crate::stream::StreamReader::new(self.engine.clone(), name, decoder)
+    }
 }

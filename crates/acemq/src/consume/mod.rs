@@ -22,7 +22,7 @@ pub(crate) mod handler;
 mod message;
 mod moves;
 mod options;
-mod resubscribe;
+pub(crate) mod resubscribe;
 mod settle;
 mod stats;
 
@@ -147,6 +147,7 @@ where
         prefetch: options.prefetch,
         consumer_tag: consumer_tag(queue),
         exclusive: false,
+        arguments: Default::default(),
     };
     let subscription = engine.transport.consume(spec.clone()).await?;
     let queue: Arc<str> = Arc::from(queue);

@@ -108,6 +108,7 @@ where
         prefetch: ctx.prefetch,
         consumer_tag: consumer_tag(&part.queue),
         exclusive: true,
+        arguments: Default::default(),
     };
     let backoff =
         RecoveryPolicy::default().delays(Duration::from_millis(100), Duration::from_secs(30));

@@ -239,7 +239,14 @@ pub struct Delivery {
 }
 
 /// What to subscribe to.
+///
+/// ```
+/// use acemq::transport::ConsumeSpec;
+/// let spec = ConsumeSpec::new("jobs", 10).tag("worker-1").exclusive();
+/// assert_eq!((spec.queue.as_str(), spec.prefetch, spec.exclusive), ("jobs", 10, true));
+/// ```
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct ConsumeSpec {
     /// The queue.
     pub queue: String,
@@ -249,6 +256,45 @@ pub struct ConsumeSpec {
     pub consumer_tag: String,
     /// Exclusive consumer.
     pub exclusive: bool,
+    /// basic.consume arguments (e.g. `x-stream-offset` for a stream); empty for none.
+    /// `memory://` refuses any (it has no streams).
+    pub arguments: Headers,
+}
+
+impl ConsumeSpec {
+    /// A subscription to `queue` with a window of `prefetch` unacked deliveries, a tag the
+    /// transport chooses, not exclusive, no arguments.
+    pub fn new(queue: impl Into<String>, prefetch: u16) -> Self {
+        ConsumeSpec {
+            queue: queue.into(),
+            prefetch,
+            consumer_tag: String::new(),
+            exclusive: false,
+            arguments: Headers::new(),
+        }
+    }
+
+    /// Sets the consumer tag.
+    pub fn tag(mut self, consumer_tag: impl Into<String>) -> Self {
+        self.consumer_tag = consumer_tag.into();
+        self
+    }
+
+    /// Asks for an exclusive consumer.
+    pub fn exclusive(mut self) -> Self {
+        self.exclusive = true;
+        self
+    }
+
+    /// Adds a basic.consume argument (e.g. `x-stream-offset`).
+    pub fn argument(
+        mut self,
+        key: impl Into<String>,
+        value: impl Into<crate::headers::HeaderValue>,
+    ) -> Self {
+        self.arguments.insert(key.into(), value.into());
+        self
+    }
 }
 
 /// A live subscription: deliveries come from [`Subscription::next`].

@@ -283,12 +283,7 @@ pub async fn publish_raw(
 
 /// A non-exclusive subscription to `queue` with a broker-chosen consumer tag.
 pub fn spec(queue: &str, prefetch: u16) -> ConsumeSpec {
-    ConsumeSpec {
-        queue: queue.to_owned(),
-        prefetch,
-        consumer_tag: String::new(),
-        exclusive: false,
-    }
+    ConsumeSpec::new(queue, prefetch)
 }
 
 /// A delivery's body as text.

@@ -249,6 +249,7 @@ impl Transport for AmqpTransport {
             }
             let queue = convert::name(&spec.queue)?;
             let tag = convert::name(&spec.consumer_tag)?;
+            let arguments = convert::to_table(&spec.arguments)?;
             let channel = self
                 .inner
                 .consume
@@ -265,7 +266,7 @@ impl Transport for AmqpTransport {
                 ..BasicConsumeOptions::default()
             };
             let consumer = channel
-                .basic_consume(queue, tag, options, FieldTable::default())
+                .basic_consume(queue, tag, options, arguments)
                 .await
                 .map_err(from_lapin)?;
             Ok(Box::new(AmqpSubscription::new(channel, consumer)) as Box<dyn Subscription>)

@@ -96,6 +96,7 @@ pub(crate) fn spec(queue: &str, prefetch: u16) -> ConsumeSpec {
         prefetch,
         consumer_tag: String::new(),
         exclusive: false,
+        arguments: Default::default(),
     }
 }
 

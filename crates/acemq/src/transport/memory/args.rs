@@ -114,6 +114,13 @@ pub(crate) fn describe(v: Option<&HeaderValue>) -> String {
     }
 }
 
+/// The refusal of a stream declaration (checked before any argument it carries).
+fn no_streams(qref: &str) -> TransportError {
+    TransportError::Unsupported(format!(
+        "the memory:// broker has no stream queues ({qref}); declare and read streams on RabbitMQ (3.9 or later)"
+    ))
+}
+
 pub(crate) fn precondition(detail: String) -> TransportError {
     TransportError::PreconditionFailed { detail }
 }
@@ -131,6 +138,14 @@ pub(crate) struct Checked {
 /// for an existing queue.
 pub(crate) fn check_declaration(name: &str, decl: &QueueDecl) -> Result<Checked, TransportError> {
     let qref = queue_ref(name);
+    if decl
+        .arguments
+        .get("x-queue-type")
+        .and_then(HeaderValue::as_str)
+        == Some("stream")
+    {
+        return Err(no_streams(&qref));
+    }
     for key in UNSUPPORTED_KEYS {
         if decl.arguments.contains_key(*key) {
             return Err(TransportError::Unsupported(format!(
@@ -143,11 +158,7 @@ pub(crate) fn check_declaration(name: &str, decl: &QueueDecl) -> Result<Checked,
         Some(v) => match v.as_str() {
             Some("classic") => Kind::Classic,
             Some("quorum") => Kind::Quorum,
-            Some("stream") => {
-                return Err(TransportError::Unsupported(format!(
-                    "the memory:// broker has no stream queues ({qref})"
-                )));
-            }
+            Some("stream") => return Err(no_streams(&qref)),
             _ => {
                 return Err(precondition(format!(
                     "invalid arg 'x-queue-type' for {qref}: {}",

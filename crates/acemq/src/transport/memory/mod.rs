@@ -40,7 +40,7 @@
 //! t.declare_queue(&QueueDecl::classic("jobs")).await?;
 //! t.publish(Outbound::new("", "jobs", Properties::default(), "hello")).await?.await?;
 //! let mut sub = t
-//!     .consume(ConsumeSpec { queue: "jobs".into(), prefetch: 10, consumer_tag: String::new(), exclusive: false })
+//!     .consume(ConsumeSpec::new("jobs", 10))
 //!     .await?;
 //! if let Some(Ok(d)) = sub.next().await {
 //!     assert_eq!(d.body, "hello");
@@ -311,6 +311,9 @@ impl Transport for MemoryTransport {
         &self,
         spec: ConsumeSpec,
     ) -> BoxFuture<'_, Result<Box<dyn Subscription>, TransportError>> {
+        if let Some(refusal) = refuse_consume_arguments(&spec) {
+            return ready(Err(refusal));
+        }
         let conn = self.conn();
         let r = self
             .with(|st, conn| st.consume(conn, &spec, Instant::now()))
@@ -417,4 +420,22 @@ impl Transport for MemoryTransport {
         self.conn().close();
         ready(Ok(()))
     }
+}
+
+/// `memory://` has no streams and no consumer arguments: a consume that asks for any is
+/// refused, naming the limitation, instead of reading from the wrong place.
+fn refuse_consume_arguments(spec: &ConsumeSpec) -> Option<TransportError> {
+    if spec.arguments.contains_key("x-stream-offset") {
+        return Some(TransportError::Unsupported(format!(
+            "the memory:// broker has no streams, so it cannot read {:?} from an x-stream-offset; run stream readers against RabbitMQ (3.9 or later)",
+            spec.queue
+        )));
+    }
+    let names: Vec<&str> = spec.arguments.keys().map(String::as_str).collect();
+    (!names.is_empty()).then(|| {
+        TransportError::Unsupported(format!(
+            "the memory:// broker takes no consumer arguments (asked for {names:?} on {:?})",
+            spec.queue
+        ))
+    })
 }
