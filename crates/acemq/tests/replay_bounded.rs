@@ -115,6 +115,7 @@ fn numbered(range: impl Iterator<Item = usize>) -> Vec<String> {
 /// the highest unacked count seen (`memory://` only), and how many samples were taken.
 struct Watcher {
     stop: Arc<AtomicBool>,
+    samples: Arc<AtomicUsize>,
     task: JoinHandle<(u32, Option<u32>, usize)>,
 }
 
@@ -126,7 +127,8 @@ impl Watcher {
             Target::Memory(name) => Some(MemoryTransport::connect(name)),
             Target::Amqp(_) => None,
         };
-        let (queue, flag) = (queue.to_owned(), stop.clone());
+        let samples = Arc::new(AtomicUsize::new(0));
+        let (queue, flag, counted) = (queue.to_owned(), stop.clone(), samples.clone());
         let task = tokio::spawn(async move {
             let (mut min_ready, mut max_unacked, mut samples) = (u32::MAX, None, 0usize);
             while !flag.load(Ordering::SeqCst) {
@@ -137,12 +139,32 @@ impl Watcher {
                     max_unacked = Some(max_unacked.unwrap_or(0).max(unacked));
                 }
                 samples += 1;
+                counted.store(samples, Ordering::SeqCst);
                 tokio::task::yield_now().await;
             }
             t.close().await.ok();
             (min_ready, max_unacked, samples)
         });
-        Watcher { stop, task }
+        let watcher = Watcher {
+            stop,
+            samples,
+            task,
+        };
+        // Watching before the work starts.
+        watcher.wait_for_samples(1).await;
+        watcher
+    }
+
+    /// Waits until the watcher has taken `n` samples in all.
+    async fn wait_for_samples(&self, n: usize) {
+        support::eventually(WAIT, "the watcher to sample", || async {
+            (self.samples.load(Ordering::SeqCst) >= n).then_some(())
+        })
+        .await;
+    }
+
+    fn samples(&self) -> usize {
+        self.samples.load(Ordering::SeqCst)
     }
 
     async fn stop(self) -> (u32, Option<u32>, usize) {
@@ -247,7 +269,12 @@ async fn peeking_five_of_ten_thousand_never_holds_more_than_five() {
         dead_letters(&**t, &q, 10_000, &no_vip).await;
         let replay = mq.replay(&q);
         let watcher = Watcher::start(&target, &dlq).await;
-        for _ in 0..50 {
+        // At least 50 peeks, and until the watcher has sampled 50 times while they ran.
+        let from = watcher.samples();
+        let mut peeks = 0;
+        while peeks < 50 || watcher.samples() < from + 50 {
+            assert!(peeks < 1_000_000, "the watcher never got to sample");
+            peeks += 1;
             let seen = replay.peek(5).await.unwrap();
             assert_eq!(seen.len(), 5);
             assert_eq!(
