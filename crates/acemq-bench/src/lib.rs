@@ -23,6 +23,8 @@ use lapin::{BasicProperties, Channel, Confirmation, ConnectionProperties};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
+/// The codec scenarios (`--codecs`).
+pub mod codecs;
 mod wait;
 pub use wait::{FAIL_EVERY, FAILURE_WAIT, WAIT_PREFETCH, WORK, acemq_waits};
 

@@ -49,6 +49,10 @@ struct Args {
     /// Print every run's numbers as it finishes.
     #[arg(long)]
     verbose: bool,
+    /// Run the codec scenarios instead (encode + decode per codec, JSON as the baseline,
+    /// no broker; `--messages` per codec, default 20,000).
+    #[arg(long)]
+    codecs: bool,
 }
 
 impl Args {
@@ -134,6 +138,16 @@ async fn bench(mut args: Args) -> Result<()> {
         args.rounds = 1;
     }
     let rounds = args.rounds.max(1);
+    if args.codecs {
+        let n = args
+            .messages
+            .unwrap_or(if args.quick { 400 } else { 20_000 });
+        print!(
+            "{}",
+            acemq_bench::codecs::table(&acemq_bench::codecs::run(n).await?)
+        );
+        return Ok(());
+    }
     acemq_bench::set_raw_envelope_headers(args.raw_envelope_headers);
     let scenarios: Vec<Scenario> = if args.scenarios.is_empty() {
         Scenario::ALL.to_vec()
