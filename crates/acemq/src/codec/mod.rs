@@ -186,7 +186,7 @@ pub(crate) fn refused(content_type: &str, expected: &str) -> Error {
     if let Some(feature) = feature_for(content_type) {
         return Error::Decode {
             reason: format!(
-                "content type {content_type:?} needs acemq's `{feature}` feature (this build reads {expected}); enable it and consume with its codec"
+                "content type {content_type:?} is not {expected}: it needs acemq's `{feature}` feature; enable it and consume with that format's codec"
             ),
         };
     }

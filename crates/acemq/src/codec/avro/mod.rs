@@ -20,7 +20,7 @@ use crate::error::Error;
 
 mod registered;
 
-pub use self::registered::RegisteredAvro;
+pub use self::registered::{RegisteredAvro, frame, unframe};
 
 /// Avro with one fixed schema, unframed: writes `avro/binary`; accepts `avro/*`,
 /// `application/avro`, `application/*+avro` or no content type (not the registered

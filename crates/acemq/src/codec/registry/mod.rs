@@ -66,7 +66,7 @@ pub enum RegistryError {
 /// let r = InMemorySchemaRegistry::new();
 /// let id = r.register("orders-value", r#""string""#).await.unwrap();
 /// assert_eq!(r.register("orders-value", r#""string""#).await.unwrap(), id);
-/// assert_eq!(r.schema(id).await.unwrap(), r#""string""#);
+/// assert_eq!(&*r.schema(id).await.unwrap(), r#""string""#);
 /// # }
 /// ```
 pub trait SchemaRegistry: Send + Sync + 'static {
