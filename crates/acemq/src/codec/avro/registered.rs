@@ -292,6 +292,13 @@ impl<T: DeserializeOwned> Decoder<T> for RegisteredAvro {
         }
         let (id, datum) = unframe(body)?;
         let writer = self.writer_schema(id)?;
-        read_datum(&writer, self.reader.as_deref(), datum)
+        // A body written with this codec's own schema needs no resolution onto it.
+        let reader = match (&self.writer, &self.reader) {
+            (Some((own, schema)), Some(reader)) if *own == id && Arc::ptr_eq(schema, reader) => {
+                None
+            }
+            _ => self.reader.as_deref(),
+        };
+        read_datum(&writer, reader, datum)
     }
 }
