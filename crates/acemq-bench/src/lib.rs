@@ -23,6 +23,8 @@ use lapin::{BasicProperties, Channel, Confirmation, ConnectionProperties};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
+/// The codec scenarios (`--codecs`).
+pub mod codecs;
 mod wait;
 /// Codec-wrapper scenarios: encryption and claim check (issue 15).
 pub mod wrappers;

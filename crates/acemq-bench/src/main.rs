@@ -53,6 +53,10 @@ struct Args {
     /// no broker (`--messages`, default 20,000, and `--size` apply).
     #[arg(long)]
     wrappers: bool,
+    /// Run the codec scenarios instead (encode + decode per codec, JSON as the baseline,
+    /// no broker; `--messages` per codec, default 20,000).
+    #[arg(long)]
+    codecs: bool,
 }
 
 impl Args {
@@ -145,6 +149,16 @@ async fn bench(mut args: Args) -> Result<()> {
         for row in acemq_bench::wrappers::run(n, args.size)? {
             println!("{}", row.line());
         }
+        return Ok(());
+    }
+    if args.codecs {
+        let n = args
+            .messages
+            .unwrap_or(if args.quick { 400 } else { 20_000 });
+        print!(
+            "{}",
+            acemq_bench::codecs::table(&acemq_bench::codecs::run(n).await?)
+        );
         return Ok(());
     }
     acemq_bench::set_raw_envelope_headers(args.raw_envelope_headers);
