@@ -33,6 +33,10 @@ fn squeeze(sql: &str) -> String {
 }
 
 const LEASE: Duration = Duration::from_millis(200);
+/// The racers' lease: both racers of a key must try within it for "exactly one wins" to
+/// hold, and 100 concurrent claims on a pool of 8 connections can queue longer than
+/// [`LEASE`] on a loaded machine.
+const RACE_LEASE: Duration = Duration::from_millis(1500);
 
 /// Builds a store with a claim timeout; every call is a new owner on the same backend
 /// (the in-memory store hands back the same instance: it has one owner).
@@ -109,16 +113,16 @@ async fn expired_lease_is_taken_over(make: &Factory, distinct_owners: bool) {
 }
 
 async fn racers_on_an_expired_lease(make: &Factory) {
-    let holder = make(LEASE);
-    let r1 = make(LEASE);
-    let r2 = make(LEASE);
+    let holder = make(RACE_LEASE);
+    let r1 = make(RACE_LEASE);
+    let r2 = make(RACE_LEASE);
     let keys: Vec<String> = (0..50).map(|i| key(&format!("race{i}"))).collect();
     for k in &keys {
         assert!(holder.claim(k).await.unwrap());
     }
     let claimed_at = tokio::time::Instant::now();
     // Wait out the lease (the one wait that cannot be a poll without taking the lease).
-    tokio::time::sleep_until(claimed_at + LEASE + Duration::from_millis(100)).await;
+    tokio::time::sleep_until(claimed_at + RACE_LEASE + Duration::from_millis(100)).await;
     let rounds = keys.iter().map(|k| {
         let (r1, r2) = (r1.clone(), r2.clone());
         async move {
@@ -163,15 +167,15 @@ async fn suite(name: &str, make: Factory, distinct_owners: bool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn in_memory_store_conforms() {
     // One store per claim timeout: the in-memory store has a single owner, itself.
-    let short: Arc<dyn IdempotencyStore> =
-        Arc::new(InMemoryIdempotencyStore::for_one_day().claim_timeout(LEASE));
-    let long: Arc<dyn IdempotencyStore> = Arc::new(InMemoryIdempotencyStore::for_one_day());
+    let stores: std::sync::Mutex<std::collections::HashMap<Duration, Arc<dyn IdempotencyStore>>> =
+        Default::default();
     let make: Factory = Box::new(move |t| {
-        if t <= LEASE {
-            short.clone()
-        } else {
-            long.clone()
-        }
+        stores
+            .lock()
+            .unwrap()
+            .entry(t)
+            .or_insert_with(|| Arc::new(InMemoryIdempotencyStore::for_one_day().claim_timeout(t)))
+            .clone()
     });
     suite("memory", make, false).await;
 }

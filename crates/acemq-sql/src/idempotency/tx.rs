@@ -68,16 +68,20 @@ impl SqlIdempotencyStore {
     /// neither commits nor closes: the handler's own writes and the confirmation commit or
     /// roll back together.
     ///
-    /// It updates only a `CLAIMED` row this store holds (`claimed_by` = its owner). If the
-    /// claim was taken over after its lease ran out (or was already confirmed or
-    /// released), it changes nothing and answers [`Error::ClaimLost`]: roll back, so the
-    /// business write is not made twice. With a consumer
-    /// ([`ConsumerOptions::idempotent`](acemq::consume::ConsumerOptions::idempotent)), the
-    /// consumer's own confirm after the handler succeeds is then harmless (the row is
-    /// confirmed already; its retention restarts); if the transaction rolled back and the
-    /// handler fails, the consumer releases the claim and the message is retried; if it
-    /// committed and the handler fails afterwards, the release leaves the confirmed row
-    /// alone and the retry is acknowledged as a duplicate without running.
+    /// Call it on the same store instance the consumer claims with (share it as an
+    /// `Arc<SqlIdempotencyStore>`): it updates only a `CLAIMED` row this store holds
+    /// (`claimed_by` = its owner). If the claim was taken over after its lease ran out (or
+    /// was already confirmed or released), it changes nothing and answers
+    /// [`Error::ClaimLost`]: roll back, so the business write is not made twice.
+    ///
+    /// With a consumer
+    /// ([`ConsumerOptions::idempotent`](acemq::consume::ConsumerOptions::idempotent)):
+    /// * committed, handler `Ok`: the consumer's own confirm is harmless (the row is
+    ///   confirmed already; only its retention restarts);
+    /// * committed, handler fails: the consumer's release leaves the confirmed row alone,
+    ///   and the retry is acknowledged as a duplicate without running;
+    /// * rolled back, handler fails: the consumer releases the claim and the message is
+    ///   retried.
     ///
     /// ```no_run
     /// # #[cfg(feature = "postgres")]
