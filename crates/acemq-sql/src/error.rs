@@ -35,6 +35,28 @@ pub enum Error {
         /// Why.
         reason: String,
     },
+    /// The idempotency table has the schema of acemq-sql before 0.2 (`BIGINT` epoch
+    /// milliseconds) instead of the family's timestamps.
+    #[error(
+        "the idempotency table {table} has the old acemq-sql schema (expires_at is {found}, epoch milliseconds); Java's DDL uses TIMESTAMP WITH TIME ZONE (DATETIME(3) on MySQL/MariaDB): migrate it with the SQL in docs/idempotency.md, \"Migrating a table from the BIGINT schema\""
+    )]
+    IncompatibleSchema {
+        /// The table.
+        table: String,
+        /// The type found for `expires_at`.
+        found: String,
+    },
+    /// [`SqlIdempotencyStore::confirm_in`](crate::SqlIdempotencyStore::confirm_in) found no
+    /// claim of this store's on the key: it was taken over after its lease ran out (or
+    /// confirmed, or released). Roll the transaction back; the message is handled by
+    /// whoever holds it now.
+    #[error(
+        "this store no longer holds the idempotency claim on {key:?} (its lease ran out and it was taken over, or it was confirmed or released); roll the transaction back"
+    )]
+    ClaimLost {
+        /// The idempotency key (the envelope id).
+        key: String,
+    },
     /// The relay is already running.
     #[error("the outbox relay is already running; stop() it before starting it again")]
     AlreadyRunning,

@@ -18,11 +18,13 @@
 //!
 //! ## Representation
 //!
-//! Timestamps are computed in Rust and stored as **epoch milliseconds in `BIGINT`
-//! columns**, identically on every backend, so no database clock or time-zone setting is
-//! involved (the instances sharing a table should have reasonably synchronised clocks).
-//! SQL is written per dialect; a configurable table name is spliced into statements only
-//! after it has been validated as an identifier (see [`TableName`]).
+//! The idempotency table is the Java member's (`TIMESTAMP WITH TIME ZONE` on PostgreSQL,
+//! `DATETIME(3)` in UTC on MySQL and MariaDB, epoch milliseconds on SQLite), so Java and
+//! Rust consumers share it; the outbox stores epoch milliseconds in `BIGINT` columns.
+//! Timestamps are computed in Rust, so no database clock or time-zone setting is involved
+//! (the instances sharing a table should have reasonably synchronised clocks). SQL is
+//! written per dialect; a configurable table name is spliced into statements only after
+//! it has been validated as an identifier (see [`TableName`]).
 //!
 //! The library never runs DDL uninvited: `create_table_sql()` hands you the statements for
 //! a migration, and `create_table_if_absent()` exists for development and tests.
@@ -43,7 +45,7 @@ mod ident;
 pub mod outbox;
 
 pub use error::Error;
-pub use idempotency::{IdempotencyOptions, SqlIdempotencyStore};
+pub use idempotency::{IdempotencyDatabase, IdempotencyOptions, PurgeTask, SqlIdempotencyStore};
 pub use ident::TableName;
 pub use pool::{Dialect, SqlPool};
 
@@ -62,7 +64,8 @@ pub(crate) fn millis(d: std::time::Duration) -> i64 {
 }
 
 /// `{hostname}:{pid}:{uuid}`: identifies one store or relay instance in `claimed_by` and
-/// `locked_by` columns.
+/// `locked_by` columns. At most 64 characters (Java's `claimed_by VARCHAR(64)`): the uuid
+/// is written without hyphens and the host name is shortened to fit.
 pub(crate) fn default_owner() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
@@ -71,6 +74,8 @@ pub(crate) fn default_owner() -> String {
         .map(|h| h.trim().to_owned())
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "unknown-host".into());
-    let host: String = host.chars().take(100).collect();
-    format!("{host}:{}:{}", std::process::id(), uuid::Uuid::new_v4())
+    let tail = format!(":{}:{}", std::process::id(), uuid::Uuid::new_v4().simple());
+    let room = 64usize.saturating_sub(tail.len());
+    let host: String = host.chars().take(room).collect();
+    format!("{host}{tail}")
 }

@@ -268,16 +268,13 @@ async fn a_stores_own_live_claim_is_taken_back_unless_it_is_working_on_it() {
     let SqlPool::Postgres(pg) = &pool else {
         unreachable!()
     };
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64;
+    let now = time::OffsetDateTime::now_utc();
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "INSERT INTO {t} (message_id, state, claimed_by, recorded_at, expires_at) VALUES ($1, 'CLAIMED', 'me', $2, $3)"
     )))
     .bind(&lost)
     .bind(now)
-    .bind(now + 300_000)
+    .bind(now + time::Duration::minutes(5))
     .execute(pg)
     .await
     .unwrap();

@@ -252,8 +252,9 @@ impl<T: ?Sized + 'static> Publisher<T> {
         options: SendOptions,
     ) -> Result<PublishResult, Error> {
         let started = Instant::now();
-        let (outbound, context) = self.build(payload, options)?;
+        let (mut outbound, mut context) = self.build(payload, options)?;
         let span = self.span(&outbound, &context);
+        trace::link_publish(&span, &mut outbound.properties.headers, &mut context);
         let result = async { self.start(outbound, None).await?.finish(started).await }
             .instrument(span.clone())
             .await;

@@ -151,7 +151,7 @@ async fn admit<T, F>(ctx: &Ctx<T, F>, d: &Delivery, mut acks: Option<&mut AckRun
 /// Opens the delivery's processing span (a child of the `traceparent` it carries) and its
 /// metric series, and counts it in the series' in-flight gauge.
 fn observe<T, F>(ctx: &Ctx<T, F>, d: &Delivery, envelope: &Envelope) -> (Observed, TraceContext) {
-    let (trace_ctx, parent) = TraceContext::for_process(&d.properties.headers);
+    let (mut trace_ctx, parent) = TraceContext::for_process(&d.properties.headers);
     let seen = Observed {
         started: Instant::now(),
         span: trace::process_span(
@@ -164,6 +164,7 @@ fn observe<T, F>(ctx: &Ctx<T, F>, d: &Delivery, envelope: &Envelope) -> (Observe
         ),
         series: ctx.settler.metrics.for_type(envelope.message_type()),
     };
+    trace::link_process(&seen.span, &d.properties.headers, &mut trace_ctx);
     seen.series.in_flight(1);
     seen.series
         .attempt(u32::try_from(envelope.attempt()).unwrap_or(1));

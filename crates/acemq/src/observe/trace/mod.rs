@@ -1,4 +1,5 @@
-//! W3C trace context in message headers, and the family's spans, without an OpenTelemetry SDK.
+//! W3C trace context in message headers, and the family's spans; the OpenTelemetry
+//! propagator with the `opentelemetry` feature.
 //!
 #![doc = include_str!("../../../../../docs/trace.md")]
 
@@ -427,6 +428,31 @@ pub fn record_outcome(span: &Span, outcome: &'static str, is_error: bool) {
         span.record("otel.status_code", "ERROR");
     }
 }
+
+/// Publish side, after [`publish_span`]: with the `opentelemetry` feature and an
+/// OpenTelemetry layer installed, `ctx` takes the publish span's OpenTelemetry ids and the
+/// context is written into `headers` through the global propagator. Otherwise nothing
+/// changes (the `traceparent` [`TraceContext::inject`] wrote stays).
+pub(crate) fn link_publish(span: &Span, headers: &mut Headers, ctx: &mut TraceContext) {
+    #[cfg(feature = "opentelemetry")]
+    otel::inject(span, headers, ctx);
+    #[cfg(not(feature = "opentelemetry"))]
+    let _ = (span, headers, ctx);
+}
+
+/// Process side, after [`process_span`]: with the `opentelemetry` feature and an
+/// OpenTelemetry layer installed, the span's parent is the context extracted from
+/// `headers` through the global propagator, and `ctx` takes the span's OpenTelemetry ids.
+/// Otherwise nothing changes.
+pub(crate) fn link_process(span: &Span, headers: &Headers, ctx: &mut TraceContext) {
+    #[cfg(feature = "opentelemetry")]
+    otel::extract(span, headers, ctx);
+    #[cfg(not(feature = "opentelemetry"))]
+    let _ = (span, headers, ctx);
+}
+
+#[cfg(feature = "opentelemetry")]
+mod otel;
 
 #[cfg(test)]
 mod tests;

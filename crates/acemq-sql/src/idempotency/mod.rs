@@ -1,6 +1,16 @@
-//! The SQL idempotency store.
+//! The SQL idempotency store: claims, confirms and releases on the message path; the
+//! schema check; confirming in the handler's own transaction ([`tx`]); the purge task
+//! ([`purge`]).
+
+mod purge;
+mod sql;
+mod tx;
+
+pub use purge::PurgeTask;
+pub use tx::IdempotencyDatabase;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use std::time::Instant;
@@ -11,14 +21,13 @@ use acemq::idempotency::{
 use acemq::transport::BoxFuture;
 use sqlx::{AssertSqlSafe, Row};
 
-use crate::pool::{Dialect, SqlPool};
-use crate::{Error, TableName, default_owner, millis, now_millis};
+use crate::pool::SqlPool;
+use crate::{Error, TableName, default_owner};
+use sql::{At, CONFIRMED, Statements, statements};
 
 /// The default table: `acemq_idempotency`.
 pub const DEFAULT_TABLE: &str = "acemq_idempotency";
 
-const CLAIMED: &str = "CLAIMED";
-const CONFIRMED: &str = "CONFIRMED";
 /// How often a claim retries when its insert did not take and no row was found (the row
 /// was released or purged in between).
 const CLAIM_ROUNDS: usize = 3;
@@ -81,8 +90,10 @@ impl IdempotencyOptions {
         self
     }
 
-    /// The `claimed_by` value written by this store (at most 255 characters); default
-    /// `{hostname}:{pid}:{uuid}`, unique per store instance. Only the owner's
+    /// The `claimed_by` value written by this store; default `{hostname}:{pid}:{uuid}`
+    /// (the host name shortened so the whole fits), unique per store instance. The column
+    /// is Java's `VARCHAR(64)`: a longer owner is stored as its first 27 characters, `~`
+    /// and a UUID v5 of the whole (64 characters, still distinct per owner and stable). Only the owner's
     /// [`release`](IdempotencyStore::release) removes its claim, and a live claim with
     /// this owner that this instance is not working on is taken for its own (a claim
     /// whose reply was lost), so **keep it unique per store instance**: two instances
@@ -93,110 +104,25 @@ impl IdempotencyOptions {
     }
 }
 
-#[derive(Debug)]
-struct Statements {
-    insert_claim: Arc<str>,
-    select: Arc<str>,
-    takeover: Arc<str>,
-    reclaim: Arc<str>,
-    confirm_update: Arc<str>,
-    confirm_insert: Arc<str>,
-    release: Arc<str>,
-    purge: Arc<str>,
-    ddl: Vec<String>,
-}
-
-fn statements(d: Dialect, t: &TableName) -> Statements {
-    let p = |n| d.placeholder(n);
-    let cols = "message_id, state, claimed_by, recorded_at, expires_at";
-    let insert = |state: &str| match d {
-        Dialect::Postgres | Dialect::Sqlite => format!(
-            "INSERT INTO {t} ({cols}) VALUES ({}, '{state}', {}, {}, {}) ON CONFLICT (message_id) DO NOTHING",
-            p(1),
-            p(2),
-            p(3),
-            p(4)
-        ),
-        Dialect::MySql => {
-            format!("INSERT IGNORE INTO {t} ({cols}) VALUES (?, '{state}', ?, ?, ?)")
-        }
-    };
-    let index = t.index_name("expires_at");
-    let ddl = match d {
-        Dialect::Postgres | Dialect::Sqlite => {
-            let (index_name, on) = match (d, t.schema()) {
-                // SQLite qualifies the index, not the table it is on.
-                (Dialect::Sqlite, Some(s)) => (format!("{s}.{index}"), t.table().to_owned()),
-                _ => (index.clone(), t.to_string()),
-            };
-            vec![
-                format!(
-                    "CREATE TABLE IF NOT EXISTS {t} (\n  message_id VARCHAR(255) NOT NULL PRIMARY KEY,\n  state VARCHAR(16) NOT NULL,\n  claimed_by VARCHAR(255),\n  recorded_at BIGINT NOT NULL,\n  expires_at BIGINT NOT NULL\n)"
-                ),
-                format!("CREATE INDEX IF NOT EXISTS {index_name} ON {on} (expires_at)"),
-            ]
-        }
-        Dialect::MySql => vec![format!(
-            "CREATE TABLE IF NOT EXISTS {t} (\n  message_id VARCHAR(255) NOT NULL PRIMARY KEY,\n  state VARCHAR(16) NOT NULL,\n  claimed_by VARCHAR(255) NULL,\n  recorded_at BIGINT NOT NULL,\n  expires_at BIGINT NOT NULL,\n  INDEX {index} (expires_at)\n) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"
-        )],
-    };
-    Statements {
-        insert_claim: insert(CLAIMED).into(),
-        select: format!(
-            "SELECT state, expires_at, claimed_by FROM {t} WHERE message_id = {}",
-            p(1)
-        )
-        .into(),
-        takeover: format!(
-            "UPDATE {t} SET claimed_by = {}, recorded_at = {}, expires_at = {} WHERE message_id = {} AND state = '{CLAIMED}' AND expires_at < {}",
-            p(1),
-            p(2),
-            p(3),
-            p(4),
-            p(5)
-        )
-        .into(),
-        reclaim: format!(
-            "UPDATE {t} SET recorded_at = {}, expires_at = {} WHERE message_id = {} AND state = '{CLAIMED}' AND claimed_by = {}",
-            p(1),
-            p(2),
-            p(3),
-            p(4)
-        )
-        .into(),
-        confirm_update: format!(
-            "UPDATE {t} SET state = '{CONFIRMED}', claimed_by = {}, recorded_at = {}, expires_at = {} WHERE message_id = {}",
-            p(1),
-            p(2),
-            p(3),
-            p(4)
-        )
-        .into(),
-        confirm_insert: insert(CONFIRMED).into(),
-        release: format!(
-            "DELETE FROM {t} WHERE message_id = {} AND state = '{CLAIMED}' AND claimed_by = {}",
-            p(1),
-            p(2)
-        )
-        .into(),
-        purge: format!("DELETE FROM {t} WHERE expires_at < {}", p(1)).into(),
-        ddl,
-    }
-}
-
 /// One row as a claim reads it.
 struct RowState {
     state: String,
-    expires_at: i64,
     claimed_by: Option<String>,
+    /// `expires_at >= now`.
+    live: bool,
 }
 
 /// An [`IdempotencyStore`] in a SQL table, shared by every instance that uses the table.
 ///
 /// The table (default `acemq_idempotency`): `message_id VARCHAR(255)` primary key, `state`
-/// (`CLAIMED` or `CONFIRMED`), `claimed_by`, `recorded_at` and `expires_at` (epoch
-/// milliseconds, `BIGINT`), with an index on `expires_at`. `expires_at` is the lease's end
-/// while claimed and the retention's end once confirmed.
+/// (`CLAIMED` or `CONFIRMED`), `claimed_by VARCHAR(64)`, `recorded_at` and `expires_at`,
+/// with the index `{table}_expiry` on `expires_at`: the Java member's DDL, so Java and Rust
+/// consumers of one queue share one table. The timestamps are `TIMESTAMP WITH TIME ZONE`
+/// on PostgreSQL, `DATETIME(3)` in UTC on MySQL and MariaDB, and epoch milliseconds
+/// (`INTEGER`) on SQLite. `expires_at` is the lease's end while claimed and the
+/// retention's end once confirmed. A table of the old Rust schema (`BIGINT` timestamps on
+/// PostgreSQL or MySQL) is refused with a message naming the migration (see
+/// [`verify_schema`](Self::verify_schema)).
 ///
 /// * **Claim** is an `INSERT` that does nothing on conflict (`ON CONFLICT DO NOTHING` on
 ///   PostgreSQL and SQLite, `INSERT IGNORE` on MySQL), so the primary key does the mutual
@@ -211,11 +137,14 @@ struct RowState {
 ///   or release), so a second claim of an id it is working on is in progress without a
 ///   query, and two callers in one process never both get `Claimed`. An insert that did
 ///   not take with no row behind it (even after retrying) is an error, never "taken".
-/// * **Confirm** sets `CONFIRMED` with `expires_at = now + retention` (re-inserting the
-///   row if it vanished). A confirmed row is never retaken; it catches duplicates until
-///   [`purge_expired`](Self::purge_expired) deletes it after the retention.
+/// * **Confirm** sets `CONFIRMED`, `claimed_by = NULL` and `expires_at = now + retention`
+///   (re-inserting the row if it vanished). A confirmed row is never retaken; it catches
+///   duplicates until [`purge_expired`](Self::purge_expired) deletes it after the
+///   retention. A handler can confirm inside its own transaction with
+///   [`confirm_in`](Self::confirm_in), so its writes and the confirm commit together.
 /// * **Release** deletes only this store's own `CLAIMED` row.
-/// * Nothing on the message path deletes rows: schedule [`purge_expired`](Self::purge_expired).
+/// * Nothing on the message path deletes rows: schedule
+///   [`purge_expired`](Self::purge_expired), or let [`spawn_purge`](Self::spawn_purge) do it.
 ///
 /// Keys are at most 255 characters (longer ones are refused with
 /// [`StoreError::Invalid`]). On MySQL the table uses `utf8mb4_bin`, so ids compare
@@ -244,10 +173,12 @@ struct RowState {
 pub struct SqlIdempotencyStore {
     pool: SqlPool,
     table: TableName,
-    retention: i64,
-    claim_timeout: i64,
+    retention: Duration,
+    claim_timeout: Duration,
     owner: String,
     sql: Statements,
+    /// The table was seen with the current schema (checked once, before the first claim).
+    schema_ok: AtomicBool,
     /// The ids this instance holds claims on (claimed, not yet confirmed or released), and
     /// the ids being claimed right now, with when. An entry older than the claim timeout
     /// is stale (its holder never confirmed or released: an abandoned handler) and no
@@ -283,16 +214,18 @@ impl SqlIdempotencyStore {
         SqlIdempotencyStore {
             pool,
             table,
-            retention: millis(DEFAULT_RETENTION),
-            claim_timeout: millis(DEFAULT_CLAIM_TIMEOUT),
-            owner: default_owner(),
+            retention: DEFAULT_RETENTION,
+            claim_timeout: DEFAULT_CLAIM_TIMEOUT,
+            owner: sql::fit_owner(&default_owner()),
             sql,
+            schema_ok: AtomicBool::new(false),
             held: Mutex::default(),
         }
     }
 
     /// A store on `pool` with options. Fails on an invalid table name, a claim timeout
-    /// below 1 ms or above the retention, or an owner longer than 255 characters.
+    /// below 1 ms or above the retention, or an empty owner. An owner longer than
+    /// `claimed_by`'s 64 characters is shortened to fit (see [`IdempotencyOptions::owner`]).
     pub fn with_options(
         pool: impl Into<SqlPool>,
         options: IdempotencyOptions,
@@ -311,19 +244,21 @@ impl SqlIdempotencyStore {
             )));
         }
         let owner = options.owner.unwrap_or_else(default_owner);
-        if owner.is_empty() || owner.chars().count() > 255 {
+        if owner.is_empty() {
             return Err(Error::InvalidArgument(
-                "owner must be 1 to 255 characters".into(),
+                "owner must not be empty; leave it unset for a unique `{hostname}:{pid}:{uuid}`"
+                    .into(),
             ));
         }
         let sql = statements(pool.dialect(), &table);
         Ok(SqlIdempotencyStore {
             pool,
             table,
-            retention: millis(options.retention),
-            claim_timeout: millis(options.claim_timeout),
-            owner,
+            retention: options.retention,
+            claim_timeout: options.claim_timeout,
+            owner: sql::fit_owner(&owner),
             sql,
+            schema_ok: AtomicBool::new(false),
             held: Mutex::default(),
         })
     }
@@ -333,44 +268,99 @@ impl SqlIdempotencyStore {
         &self.table
     }
 
-    /// The `claimed_by` value this store writes.
+    /// The `claimed_by` value this store writes (at most 64 characters).
     pub fn owner(&self) -> &str {
         &self.owner
     }
 
     /// The DDL for this store's table and index, in its dialect: statements separated by
-    /// `;` and a newline. Put it in a migration.
+    /// `;` and a newline. Put it in a migration. On PostgreSQL it is the Java member's DDL.
     pub fn create_table_sql(&self) -> String {
         crate::pool::ddl_text(&self.sql.ddl)
     }
 
-    /// Runs [`create_table_sql`](Self::create_table_sql) (`IF NOT EXISTS`). For
-    /// development and tests; production schemas belong in migrations.
+    /// Runs [`create_table_sql`](Self::create_table_sql) (`IF NOT EXISTS`), then
+    /// [`verify_schema`](Self::verify_schema): a table already there with the old schema
+    /// is an error, not silently kept. For development and tests; production schemas
+    /// belong in migrations.
     pub async fn create_table_if_absent(&self) -> Result<(), Error> {
-        crate::pool::run_ddl(&self.pool, &self.sql.ddl).await
+        crate::pool::run_ddl(&self.pool, &self.sql.ddl).await?;
+        self.verify_schema().await
+    }
+
+    /// Checks that the table's timestamps are timestamps, not the `BIGINT` epoch
+    /// milliseconds of acemq-sql before 0.2 (on PostgreSQL, MySQL and MariaDB; SQLite
+    /// keeps epoch milliseconds). A table of the old schema is
+    /// [`Error::IncompatibleSchema`], whose message names the migration in
+    /// `docs/idempotency.md`. A table that does not exist yet passes (its statements fail
+    /// on their own). The store runs this check itself before its first claim; call it at
+    /// startup to fail fast.
+    pub async fn verify_schema(&self) -> Result<(), Error> {
+        if self.schema_ok.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let Some(sql) = self.sql.column_type.clone() else {
+            self.schema_ok.store(true, Ordering::Relaxed);
+            return Ok(());
+        };
+        let (schema, table) = (self.table.schema(), self.table.table());
+        let found: Option<String> = on_pool!(&self.pool, p => sqlx::query_scalar(AssertSqlSafe(sql))
+            .bind(schema)
+            .bind(table)
+            .fetch_optional(p)
+            .await?);
+        match found {
+            Some(t) if sql::is_epoch_millis_type(&t) => Err(Error::IncompatibleSchema {
+                table: self.table.to_string(),
+                found: t,
+            }),
+            Some(_) => {
+                self.schema_ok.store(true, Ordering::Relaxed);
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// [`verify_schema`](Self::verify_schema) for the message path: an old table is the
+    /// store being unavailable (the delivery waits, health shows the message), not the
+    /// message's fault.
+    async fn ensure_schema(&self) -> Result<(), StoreError> {
+        if self.schema_ok.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        self.verify_schema().await.map_err(|e| {
+            if matches!(e, Error::IncompatibleSchema { .. }) {
+                tracing::error!(table = %self.table, error = %e, "the idempotency table has the old schema");
+            }
+            StoreError::Unavailable(e.to_string())
+        })
     }
 
     /// Deletes every row whose `expires_at` has passed (confirmations past their retention,
     /// abandoned claims past their lease) and returns how many. Schedule it (hourly is
-    /// plenty); nothing on the message path deletes rows.
+    /// plenty), or let [`spawn_purge`](Self::spawn_purge) do it; nothing on the message
+    /// path deletes rows.
     pub async fn purge_expired(&self) -> Result<u64, Error> {
-        let now = now_millis();
+        self.verify_schema().await?;
+        let now = At::now();
         let sql = self.sql.purge.clone();
         let n = on_pool!(&self.pool, p => sqlx::query(AssertSqlSafe(sql)).bind(now).execute(p).await?.rows_affected());
         Ok(n)
     }
 
-    async fn exec_claim(
+    /// Inserts (`insert_claim` or `confirm_insert`) a row for `key`.
+    async fn exec_insert(
         &self,
         sql: &Arc<str>,
         key: &str,
-        state_ms: (i64, i64),
+        owner: Option<&str>,
+        (now, expires): (At, At),
     ) -> Result<u64, sqlx::Error> {
-        let (now, expires) = state_ms;
         let sql = sql.clone();
         Ok(on_pool!(&self.pool, p => sqlx::query(AssertSqlSafe(sql))
             .bind(key)
-            .bind(self.owner.as_str())
+            .bind(owner)
             .bind(now)
             .bind(expires)
             .execute(p)
@@ -380,12 +370,13 @@ impl SqlIdempotencyStore {
 
     async fn read_state(&self, key: &str) -> Result<Option<RowState>, sqlx::Error> {
         let sql = self.sql.select.clone();
+        let now = At::now();
         Ok(on_pool!(&self.pool, p => {
-            match sqlx::query(AssertSqlSafe(sql)).bind(key).fetch_optional(p).await? {
+            match sqlx::query(AssertSqlSafe(sql)).bind(now).bind(key).fetch_optional(p).await? {
                 Some(row) => Some(RowState {
                     state: row.try_get::<String, _>(0)?,
-                    expires_at: row.try_get::<i64, _>(1)?,
-                    claimed_by: row.try_get::<Option<String>, _>(2)?,
+                    claimed_by: row.try_get::<Option<String>, _>(1)?,
+                    live: row.try_get::<bool, _>(2)?,
                 }),
                 None => None,
             }
@@ -402,11 +393,11 @@ impl SqlIdempotencyStore {
     /// the reservation (until confirm or release).
     async fn claim_outcome(&self, key: &str) -> Result<ClaimOutcome, StoreError> {
         check_key(key)?;
+        self.ensure_schema().await?;
         let reserved = {
             let mut held = self.held();
-            let lease = Duration::from_millis(u64::try_from(self.claim_timeout).unwrap_or(0));
             match held.get(key) {
-                Some(at) if at.elapsed() < lease => false,
+                Some(at) if at.elapsed() < self.claim_timeout => false,
                 _ => {
                     held.insert(key.to_owned(), Instant::now());
                     true
@@ -430,7 +421,7 @@ impl SqlIdempotencyStore {
     }
 
     /// Renews this owner's live claim on `key`: `true` when it was there to renew.
-    async fn reclaim(&self, key: &str, now: i64, lease_end: i64) -> Result<bool, StoreError> {
+    async fn reclaim(&self, key: &str, now: At, lease_end: At) -> Result<bool, StoreError> {
         let sql = self.sql.reclaim.clone();
         let n: u64 = on_pool!(&self.pool, p => sqlx::query(AssertSqlSafe(sql))
             .bind(now)
@@ -446,10 +437,15 @@ impl SqlIdempotencyStore {
 
     async fn claim_in_table(&self, key: &str) -> Result<ClaimOutcome, StoreError> {
         for _ in 0..CLAIM_ROUNDS {
-            let now = now_millis();
-            let lease_end = now.saturating_add(self.claim_timeout);
+            let now = At::now();
+            let lease_end = now.plus(self.claim_timeout);
             let inserted = self
-                .exec_claim(&self.sql.insert_claim, key, (now, lease_end))
+                .exec_insert(
+                    &self.sql.insert_claim,
+                    key,
+                    Some(&self.owner),
+                    (now, lease_end),
+                )
                 .await
                 .map_err(unavailable)?;
             if inserted == 1 {
@@ -462,7 +458,7 @@ impl SqlIdempotencyStore {
             if row.state == CONFIRMED {
                 return Ok(ClaimOutcome::Duplicate);
             }
-            if row.expires_at >= now {
+            if row.live {
                 if row.claimed_by.as_deref() == Some(self.owner.as_str())
                     && self.reclaim(key, now, lease_end).await?
                 {
@@ -510,12 +506,11 @@ impl SqlIdempotencyStore {
         // Done with, whatever the answer: a confirm that fails leaves the row CLAIMED by
         // this owner, and a later delivery of the id takes it back.
         self.held().remove(key);
-        let now = now_millis();
-        let until = now.saturating_add(self.retention);
+        let now = At::now();
+        let until = now.plus(self.retention);
         let update = || async {
             let sql = self.sql.confirm_update.clone();
             Ok::<u64, sqlx::Error>(on_pool!(&self.pool, p => sqlx::query(AssertSqlSafe(sql))
-                .bind(self.owner.as_str())
                 .bind(now)
                 .bind(until)
                 .bind(key)
@@ -529,7 +524,7 @@ impl SqlIdempotencyStore {
         // The row vanished (purged, or our lease expired and its taker released): record
         // the confirmation anyway.
         if self
-            .exec_claim(&self.sql.confirm_insert, key, (now, until))
+            .exec_insert(&self.sql.confirm_insert, key, None, (now, until))
             .await
             .map_err(unavailable)?
             == 1
@@ -547,6 +542,8 @@ impl IdempotencyStore for SqlIdempotencyStore {
         Box::pin(async move { Ok(self.claim_outcome(key).await? == ClaimOutcome::Claimed) })
     }
 
+    /// Confirms `key`. Harmless after [`SqlIdempotencyStore::confirm_in`] committed: the
+    /// row is confirmed already and only its retention restarts.
     fn confirm<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(self.confirm_now(key))
     }
