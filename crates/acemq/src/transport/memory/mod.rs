@@ -60,6 +60,7 @@ mod queue;
 mod recover;
 mod routing;
 mod subscription;
+mod unused;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
