@@ -42,6 +42,7 @@ pub mod lifecycle;
 pub mod observe;
 pub mod publish;
 pub mod replay;
+pub mod request;
 pub mod retry;
 pub mod topology;
 pub mod transport;
