@@ -23,7 +23,12 @@ use lapin::{BasicProperties, Channel, Confirmation, ConnectionProperties};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
+mod request;
 mod wait;
+pub use request::{
+    REQUEST_TIMEOUT, REQUEST_WINDOW, RESPONDER_CONCURRENCY, acemq_request_reply,
+    memory_request_reply,
+};
 pub use wait::{FAIL_EVERY, FAILURE_WAIT, WAIT_PREFETCH, WORK, acemq_waits};
 
 /// The error type of the benchmark.
@@ -209,17 +214,20 @@ pub enum Scenario {
     /// 6: concurrency 1, 10% fail once with a 2 s consumer wait; the others' rate against
     /// a run without failures (AceMQ only).
     Waits,
+    /// 7: request/reply round trips, 16 in flight (AceMQ only, RabbitMQ and memory://).
+    RequestReply,
 }
 
 impl Scenario {
     /// Every scenario, in table order.
-    pub const ALL: [Scenario; 6] = [
+    pub const ALL: [Scenario; 7] = [
         Scenario::ConfirmEach,
         Scenario::Pipelined,
         Scenario::Consume,
         Scenario::Retry,
         Scenario::Memory,
         Scenario::Waits,
+        Scenario::RequestReply,
     ];
 
     /// The table label.
@@ -231,13 +239,17 @@ impl Scenario {
             Scenario::Retry => "4 fail once, retry 1 ms",
             Scenario::Memory => "5 memory:// pub+consume",
             Scenario::Waits => "6 10% wait 2 s, conc. 1",
+            Scenario::RequestReply => "7 request/reply x16",
         }
     }
 
     /// Whether the scenario has a raw lapin counterpart (all but `memory://` and the
-    /// waits, which compare AceMQ with itself).
+    /// waits, which compare AceMQ with itself, and request/reply).
     pub fn has_raw(self) -> bool {
-        !matches!(self, Scenario::Memory | Scenario::Waits)
+        !matches!(
+            self,
+            Scenario::Memory | Scenario::Waits | Scenario::RequestReply
+        )
     }
 
     /// What the latency columns measure.
@@ -245,6 +257,7 @@ impl Scenario {
         match self {
             Scenario::ConfirmEach => Some("per publish"),
             Scenario::Pipelined => Some("per batch of 100"),
+            Scenario::RequestReply => Some("per round trip"),
             _ => None,
         }
     }
@@ -405,6 +418,9 @@ impl Broker {
                 Err("memory:// runs without a broker: use memory_publish_consume".into())
             }
             (Scenario::Waits, _) => Err("the waits scenario runs through Broker::run_waits".into()),
+            (Scenario::RequestReply, _) => {
+                Err("request/reply runs through Broker::run_request_reply".into())
+            }
         }
     }
 }

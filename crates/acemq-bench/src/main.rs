@@ -6,7 +6,8 @@
 use std::time::Duration;
 
 use acemq_bench::{
-    Broker, QueueKind, Result, Sample, Scenario, Side, memory_publish_consume, peak_rss_kib,
+    Broker, QueueKind, Result, Sample, Scenario, Side, memory_publish_consume,
+    memory_request_reply, peak_rss_kib,
 };
 use clap::Parser;
 
@@ -20,7 +21,7 @@ struct Args {
     #[arg(long, default_value = "amqp://guest:guest@127.0.0.1:5672/%2f")]
     url: String,
     /// Messages per run for every scenario (default: 2,000 confirm-each, 10,000 pipelined
-    /// and consume, 300 retry, 200,000 memory://).
+    /// and consume, 300 retry, 200,000 memory://, 600 waits, 5,000 request/reply).
     #[arg(long)]
     messages: Option<u64>,
     /// Body size in bytes (JSON).
@@ -62,6 +63,7 @@ impl Args {
             Scenario::Retry => 300,
             Scenario::Memory => 200_000,
             Scenario::Waits => 600,
+            Scenario::RequestReply => 5_000,
         };
         if self.quick { full / 50 } else { full }
     }
@@ -142,7 +144,7 @@ async fn bench(mut args: Args) -> Result<()> {
     };
     let needs_broker = scenarios
         .iter()
-        .any(|s| s.has_raw() || *s == Scenario::Waits)
+        .any(|s| s.has_raw() || matches!(s, Scenario::Waits | Scenario::RequestReply))
         && !args.queues.is_empty();
     let broker = if needs_broker {
         Some(Broker::connect(&args.url).await?)
@@ -158,6 +160,10 @@ async fn bench(mut args: Args) -> Result<()> {
             for &kind in &args.queues {
                 waits.push(run_waits(broker, kind, n, &args, rounds).await?);
             }
+            continue;
+        }
+        if scenario == Scenario::RequestReply {
+            rows.extend(run_request_reply(broker.as_ref(), n, &args, rounds).await?);
             continue;
         }
         if !scenario.has_raw() {
@@ -344,4 +350,46 @@ async fn run_waits(
         baseline: summarize(&baseline),
         failing: summarize(&failing),
     })
+}
+
+/// Scenario 7: AceMQ only, on each broker queue type, then on `memory://`.
+async fn run_request_reply(
+    broker: Option<&Broker>,
+    n: u64,
+    args: &Args,
+    rounds: usize,
+) -> Result<Vec<Row>> {
+    let mut rows = Vec::new();
+    let kinds: Vec<Option<QueueKind>> = match broker {
+        Some(_) => args.queues.iter().copied().map(Some).collect(),
+        None => Vec::new(),
+    };
+    for kind in kinds.into_iter().chain([None]) {
+        let mut samples = Vec::new();
+        for _ in 0..rounds {
+            let s = match (broker, kind) {
+                (Some(b), Some(k)) => b.run_request_reply(k, n, args.size).await?,
+                _ => memory_request_reply(n, args.size).await?,
+            };
+            if args.verbose {
+                eprintln!(
+                    "  {:<26} {:<7}: {:.0} round trips/s",
+                    Scenario::RequestReply.label(),
+                    kind.map_or("memory", QueueKind::name),
+                    s.rate()
+                );
+            }
+            samples.push(s);
+        }
+        let queue = kind.map_or("memory", QueueKind::name);
+        eprintln!("{:<28} {queue:<8} done", Scenario::RequestReply.label());
+        rows.push(Row {
+            scenario: Scenario::RequestReply,
+            queue,
+            messages: n,
+            raw: None,
+            acemq: summarize(&samples),
+        });
+    }
+    Ok(rows)
 }

@@ -2,7 +2,9 @@
 //! and against RabbitMQ when `ACEMQ_TEST_AMQP_URL` is set (required when
 //! `ACEMQ_TEST_REQUIRE_BROKER=1`).
 
-use acemq_bench::{Broker, QueueKind, Scenario, Side, memory_publish_consume};
+use acemq_bench::{
+    Broker, QueueKind, Scenario, Side, memory_publish_consume, memory_request_reply,
+};
 
 fn broker_url() -> Option<String> {
     match std::env::var("ACEMQ_TEST_AMQP_URL") {
@@ -62,6 +64,27 @@ async fn the_waits_scenario_runs() {
             .unwrap_or_else(|e| panic!("waits, failures {with_failures}: {e}"));
         assert_eq!(s.messages, 18, "the others: 20 less every tenth");
         assert!(s.rate() > 0.0);
+    }
+    broker.close().await.expect("close");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_request_reply_scenario_runs() {
+    let s = memory_request_reply(50, 256).await.expect("memory run");
+    assert_eq!(s.messages, 50);
+    assert!(s.rate() > 0.0 && s.p50.is_some() && s.p99 >= s.p50);
+    let Some(url) = broker_url() else {
+        eprintln!("ACEMQ_TEST_AMQP_URL not set: request/reply on RabbitMQ skipped");
+        return;
+    };
+    let broker = Broker::connect(&url).await.expect("connect");
+    for kind in [QueueKind::Classic, QueueKind::Quorum] {
+        let s = broker
+            .run_request_reply(kind, 20, 256)
+            .await
+            .unwrap_or_else(|e| panic!("request/reply {kind:?}: {e}"));
+        assert_eq!(s.messages, 20);
+        assert!(s.p50.is_some() && s.p99 >= s.p50);
     }
     broker.close().await.expect("close");
 }

@@ -17,9 +17,9 @@ use acemq::consume::{ConsumerOptions, HandlerError, Message};
 use acemq::headers::HeaderValue;
 use acemq::request::{RequestError, Requester};
 use acemq::retry::RetryPolicy;
+use acemq::transport::Properties;
 use acemq::transport::memory::MemoryTransport;
 use acemq::transport::recovery::RecoveryPolicy;
-use acemq::transport::{Properties, Transport};
 use serde::{Deserialize, Serialize};
 use support::Target;
 use tokio::sync::Semaphore;
@@ -85,7 +85,10 @@ async fn a_request_is_answered_and_counted() {
             .unwrap();
         assert_eq!(pong, Pong { n: 42 });
         let s = requester.stats();
-        assert_eq!((s.answered, s.timed_out, s.unmatched, s.pending), (1, 0, 0, 0));
+        assert_eq!(
+            (s.answered, s.timed_out, s.unmatched, s.pending),
+            (1, 0, 0, 0)
+        );
         support::eventually(LONG, "the request acked", || async {
             (responder.consumer_stats().acked == 1).then_some(())
         })
@@ -96,7 +99,10 @@ async fn a_request_is_answered_and_counted() {
         let reply_queue = requester.reply_queue().to_owned();
         assert!(reply_queue.starts_with("acemq.reply."), "{reply_queue}");
         if target.kind() == "amqp" {
-            support::assert_rabbit_queue_arguments(&reply_queue, &[("x-expires", "long", "600000")]);
+            support::assert_rabbit_queue_arguments(
+                &reply_queue,
+                &[("x-expires", "long", "600000")],
+            );
         }
         done(&mq, &q, &requester).await;
         let t = target.transport().await;
@@ -190,7 +196,10 @@ async fn a_request_without_a_reply_address_is_acked_unanswered() {
             .await
             .unwrap();
         // A plain publish: no acemq-reply-to, no reply_to.
-        mq.publisher::<Ping>("", &q).send(&Ping { n: 3 }).await.unwrap();
+        mq.publisher::<Ping>("", &q)
+            .send(&Ping { n: 3 })
+            .await
+            .unwrap();
         support::eventually(LONG, "the request counted unanswerable", || async {
             (responder.stats().unanswerable == 1).then_some(())
         })
@@ -305,7 +314,10 @@ async fn a_thousand_concurrent_requests_from_one_requester_are_all_answered_and_
             assert_eq!(doubled, n * 2, "the reply to {n} went to its own request");
         }
         let s = requester.stats();
-        assert_eq!((s.answered, s.unmatched, s.timed_out, s.pending), (1000, 0, 0, 0));
+        assert_eq!(
+            (s.answered, s.unmatched, s.timed_out, s.pending),
+            (1000, 0, 0, 0)
+        );
         assert_eq!(responder.stats().answered, 1000);
         done(&mq, &q, &requester).await;
     })
@@ -346,6 +358,114 @@ async fn a_failing_handler_is_retried_under_the_responders_policy_then_answers()
         assert_eq!(attempts.load(Ordering::SeqCst), 2);
         assert_eq!(responder.consumer_stats().retried, 1);
         assert_eq!(responder.stats().answered, 1);
+        done(&mq, &q, &requester).await;
+    })
+    .await;
+}
+
+/// `acemq.request.*` series in one snapshot of this binary's global recorder (installed
+/// once): `(name, routing key, outcome, count of the counter or of the histogram's values)`.
+/// A snapshot drains what it reads, so each case takes one.
+fn request_metrics() -> Vec<(String, String, String, u64)> {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+    static SNAP: std::sync::OnceLock<Snapshotter> = std::sync::OnceLock::new();
+    let snap = SNAP.get_or_init(|| {
+        let recorder = DebuggingRecorder::new();
+        let snap = recorder.snapshotter();
+        recorder
+            .install()
+            .expect("the only recorder of this binary");
+        snap
+    });
+    let mut out = Vec::new();
+    for (key, _, _, value) in snap.snapshot().into_vec() {
+        let k = key.key();
+        if !k.name().starts_with("acemq.request.") {
+            continue;
+        }
+        let label = |name: &str| {
+            k.labels()
+                .find(|l| l.key() == name)
+                .map(|l| l.value().to_owned())
+                .unwrap_or_default()
+        };
+        assert_eq!(label("message.type"), "Ping", "{k:?}");
+        assert!(
+            matches!(label("transport").as_str(), "memory" | "rabbitmq"),
+            "{k:?}"
+        );
+        let n = match value {
+            DebugValue::Counter(n) => n,
+            DebugValue::Histogram(v) => v.len() as u64,
+            DebugValue::Gauge(_) => continue,
+        };
+        out.push((
+            k.name().to_owned(),
+            label("routing.key"),
+            label("outcome"),
+            n,
+        ));
+    }
+    out
+}
+
+fn series(all: &[(String, String, String, u64)], name: &str, rk: &str, outcome: &str) -> u64 {
+    all.iter()
+        .filter(|(n, r, o, _)| n == name && r == rk && o == outcome)
+        .map(|s| s.3)
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_are_measured_and_traced_as_the_family_names_them() {
+    support::spans::install();
+    request_metrics();
+    support::on_each_target(|target| async move {
+        let (mq, q) = support::connect_with_classic_queue(&target, "rr-observe").await;
+        let _responder = doubling(&mq, &q, ConsumerOptions::default()).await;
+        let requester = mq.requester().await.unwrap();
+        let _: Pong = requester
+            .request("", &q, &Ping { n: 1 }, LONG)
+            .await
+            .unwrap();
+        let lonely = support::unique("rr-observe-lonely");
+        support::declare_classic(&mq, &lonely).await;
+        let e = requester
+            .request::<Ping, Pong>("", &lonely, &Ping { n: 2 }, Duration::from_millis(200))
+            .await
+            .unwrap_err();
+        assert!(e.is_timeout());
+        let m = request_metrics();
+        for (rk, outcome) in [(&q, "answered"), (&lonely, "timed_out")] {
+            assert_eq!(series(&m, "acemq.request.total", rk, outcome), 1, "{m:?}");
+            assert_eq!(
+                series(&m, "acemq.request.duration", rk, outcome),
+                1,
+                "{m:?}"
+            );
+        }
+        let answered = support::spans::find("request", "otel.name", &format!("{q} request"));
+        assert_eq!(answered.len(), 1, "{answered:?}");
+        let span = &answered[0];
+        assert_eq!(span.field("otel.kind"), Some("client"));
+        assert_eq!(span.field("messaging.operation"), Some("request"));
+        assert_eq!(span.field("messaging.acemq.outcome"), Some("answered"));
+        assert!(span.field("messaging.message.conversation_id").is_some());
+        let timed_out = support::spans::find("request", "otel.name", &format!("{lonely} request"));
+        assert_eq!(
+            timed_out[0].field("messaging.acemq.outcome"),
+            Some("timed_out")
+        );
+        assert_eq!(timed_out[0].field("otel.status_code"), Some("ERROR"));
+        // The request's publish span is a child of the request span.
+        let trace_id = span.field("trace_id").unwrap();
+        let publish: Vec<_> = support::spans::find("publish", "trace_id", trace_id)
+            .into_iter()
+            .filter(|p| p.field("messaging.rabbitmq.destination.routing_key") == Some(q.as_str()))
+            .collect();
+        assert_eq!(publish.len(), 1, "{publish:?}");
+        assert_eq!(publish[0].field("parent_span_id"), span.field("span_id"));
+        let _ = mq.transport().delete_queue(&lonely).await;
         done(&mq, &q, &requester).await;
     })
     .await;

@@ -57,8 +57,8 @@ use std::time::Duration;
 
 pub use observe::RequestOutcome;
 pub use requester::{Requester, RequesterStats};
-pub use responder::{Responder, ResponderStats};
 pub(crate) use responder::start as responder_start;
+pub use responder::{Responder, ResponderStats};
 
 /// The reply queue's name prefix: `acemq.reply.{uuid}`.
 pub const REPLY_QUEUE_PREFIX: &str = "acemq.reply.";
@@ -114,9 +114,7 @@ pub enum RequestError {
         source: crate::Error,
     },
     /// The requester (or its connection) was closed before the reply came.
-    #[error(
-        "the requester was closed before the reply came; the request may still be processed"
-    )]
+    #[error("the requester was closed before the reply came; the request may still be processed")]
     Closed,
 }
 

@@ -176,7 +176,8 @@ async fn resubscribe(
 ) -> Option<Box<dyn Subscription>> {
     let transport = &shared.engine.transport;
     // The consumers' backoff (consume/resubscribe): 100 ms doubling to 30 s, jittered.
-    let policy = RecoveryPolicy::default().delays(Duration::from_millis(100), Duration::from_secs(30));
+    let policy =
+        RecoveryPolicy::default().delays(Duration::from_millis(100), Duration::from_secs(30));
     let mut status = transport.watch_status();
     let mut attempt = 0u32;
     loop {

@@ -251,10 +251,11 @@ impl Requester {
             let _ = task.await;
         }
         let shared = &self.inner.shared;
-        if !shared.engine.lifecycle.is_closed() {
-            if let Err(e) = shared.engine.transport.delete_queue(shared.queue()).await {
-                tracing::warn!(queue = %shared.queue(), error = %e, "could not delete the reply queue; its x-expires removes it within 10 minutes");
-            }
+        if shared.engine.lifecycle.is_closed() {
+            return;
+        }
+        if let Err(e) = shared.engine.transport.delete_queue(shared.queue()).await {
+            tracing::warn!(queue = %shared.queue(), error = %e, "could not delete the reply queue; its x-expires removes it within 10 minutes");
         }
     }
 }

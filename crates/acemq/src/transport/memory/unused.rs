@@ -119,7 +119,12 @@ mod tests {
             assert!(e.is_precondition_failed(), "{e}");
         }
         let s = QueueDecl::classic("s").argument("x-expires", "600000");
-        assert!(t.declare_queue(&s).await.unwrap_err().is_precondition_failed());
+        assert!(
+            t.declare_queue(&s)
+                .await
+                .unwrap_err()
+                .is_precondition_failed()
+        );
         t.declare_queue(&expiring("ok", 600_000)).await.unwrap();
         let other = expiring("ok", 1000);
         assert!(
