@@ -21,6 +21,8 @@
 //!   decide → settle → release): the settlement rules are pure functions
 //!   ([`consume::Decision`], driven by a [`retry`] policy) and their effects are moves made
 //!   through the engine; [`replay`] brings dead letters and parked messages back.
+//! - Both ways: [`request`] (a requester with a private reply queue, and a responder built
+//!   on the consumer) for request/reply.
 //! - Around it all: [`observe`] (metrics and trace context), [`idempotency`], and the
 //!   `actuator` (feature `actuator`).
 #![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
