@@ -27,7 +27,7 @@ mod request;
 mod wait;
 pub use request::{
     REQUEST_TIMEOUT, REQUEST_WINDOW, RESPONDER_CONCURRENCY, acemq_request_reply,
-    memory_request_reply,
+    memory_request_reply, raw_request_reply,
 };
 pub use wait::{FAIL_EVERY, FAILURE_WAIT, WAIT_PREFETCH, WORK, acemq_waits};
 
@@ -214,7 +214,7 @@ pub enum Scenario {
     /// 6: concurrency 1, 10% fail once with a 2 s consumer wait; the others' rate against
     /// a run without failures (AceMQ only).
     Waits,
-    /// 7: request/reply round trips, 16 in flight (AceMQ only, RabbitMQ and memory://).
+    /// 7: request/reply round trips, 16 in flight (and AceMQ alone on memory://).
     RequestReply,
 }
 
@@ -244,12 +244,9 @@ impl Scenario {
     }
 
     /// Whether the scenario has a raw lapin counterpart (all but `memory://` and the
-    /// waits, which compare AceMQ with itself, and request/reply).
+    /// waits, which compare AceMQ with itself).
     pub fn has_raw(self) -> bool {
-        !matches!(
-            self,
-            Scenario::Memory | Scenario::Waits | Scenario::RequestReply
-        )
+        !matches!(self, Scenario::Memory | Scenario::Waits)
     }
 
     /// What the latency columns measure.
@@ -418,8 +415,11 @@ impl Broker {
                 Err("memory:// runs without a broker: use memory_publish_consume".into())
             }
             (Scenario::Waits, _) => Err("the waits scenario runs through Broker::run_waits".into()),
-            (Scenario::RequestReply, _) => {
-                Err("request/reply runs through Broker::run_request_reply".into())
+            (Scenario::RequestReply, Side::AceMq) => {
+                acemq_request_reply(&self.acemq, queue, n, size).await
+            }
+            (Scenario::RequestReply, Side::Raw) => {
+                raw_request_reply(&self.raw, queue, n, size).await
             }
         }
     }
