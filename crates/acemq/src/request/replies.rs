@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures::FutureExt;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
@@ -20,8 +21,11 @@ use crate::envelope;
 use crate::headers::HeaderValue;
 use crate::topology::QueueDecl;
 use crate::transport::recovery::RecoveryPolicy;
-use crate::transport::{ConsumeSpec, Delivery, Subscription};
+use crate::transport::{ConsumeSpec, Delivery, Settlement, Subscription, TransportError};
 use crate::util::lock;
+
+/// Replies acked with one `multiple` ack at most: half the reply queue's prefetch.
+const ACK_RUN: u16 = super::REPLY_PREFETCH / 2;
 
 /// A reply as delivered: what the waiter decodes.
 #[derive(Debug)]
@@ -134,18 +138,43 @@ pub(super) async fn run(
     spec: ConsumeSpec,
     stop: CancellationToken,
 ) {
+    // What a burst of buffered replies ran into (the subscription's end, or an error),
+    // handled on the next turn.
+    let mut carried: Option<Option<Result<Delivery, TransportError>>> = None;
     loop {
-        let next = tokio::select! {
-            biased;
-            _ = stop.cancelled() => break,
-            d = subscription.next() => d,
+        let next = match carried.take() {
+            Some(next) => next,
+            None => tokio::select! {
+                biased;
+                _ = stop.cancelled() => break,
+                d = subscription.next() => d,
+            },
         };
         match next {
             Some(Ok(d)) => {
+                // Every reply already at hand is handed over at once, and the burst acked
+                // with one `multiple` ack (as a consumer coalesces its acks).
                 shared.hand_over(&d);
+                let (mut last, mut run) = (d, 1u16);
+                while run < ACK_RUN {
+                    match subscription.next().now_or_never() {
+                        Some(Some(Ok(d))) => {
+                            shared.hand_over(&d);
+                            (last, run) = (d, run + 1);
+                        }
+                        Some(other) => {
+                            carried = Some(other);
+                            break;
+                        }
+                        None => break,
+                    }
+                }
                 // A reply that is not acked comes back after a reconnect and is counted as
                 // unmatched then: nothing to do about a failed ack.
-                let _ = d.acker.ack().await;
+                let _ = last
+                    .acker
+                    .settle(Settlement::Ack { multiple: run > 1 })
+                    .await;
             }
             None if subscription.cancelled_by_us() => break,
             ended => {
