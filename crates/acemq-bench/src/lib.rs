@@ -25,9 +25,14 @@ use tokio::sync::Notify;
 
 /// The codec scenarios (`--codecs`).
 pub mod codecs;
+mod request;
 mod wait;
 /// Codec-wrapper scenarios: encryption and claim check (issue 15).
 pub mod wrappers;
+pub use request::{
+    REQUEST_TIMEOUT, REQUEST_WINDOW, RESPONDER_CONCURRENCY, acemq_request_reply,
+    memory_request_reply, raw_request_reply,
+};
 pub use wait::{FAIL_EVERY, FAILURE_WAIT, WAIT_PREFETCH, WORK, acemq_waits};
 
 /// The error type of the benchmark.
@@ -213,17 +218,20 @@ pub enum Scenario {
     /// 6: concurrency 1, 10% fail once with a 2 s consumer wait; the others' rate against
     /// a run without failures (AceMQ only).
     Waits,
+    /// 7: request/reply round trips, 16 in flight (and AceMQ alone on memory://).
+    RequestReply,
 }
 
 impl Scenario {
     /// Every scenario, in table order.
-    pub const ALL: [Scenario; 6] = [
+    pub const ALL: [Scenario; 7] = [
         Scenario::ConfirmEach,
         Scenario::Pipelined,
         Scenario::Consume,
         Scenario::Retry,
         Scenario::Memory,
         Scenario::Waits,
+        Scenario::RequestReply,
     ];
 
     /// The table label.
@@ -235,6 +243,7 @@ impl Scenario {
             Scenario::Retry => "4 fail once, retry 1 ms",
             Scenario::Memory => "5 memory:// pub+consume",
             Scenario::Waits => "6 10% wait 2 s, conc. 1",
+            Scenario::RequestReply => "7 request/reply x16",
         }
     }
 
@@ -249,6 +258,7 @@ impl Scenario {
         match self {
             Scenario::ConfirmEach => Some("per publish"),
             Scenario::Pipelined => Some("per batch of 100"),
+            Scenario::RequestReply => Some("per round trip"),
             _ => None,
         }
     }
@@ -409,6 +419,12 @@ impl Broker {
                 Err("memory:// runs without a broker: use memory_publish_consume".into())
             }
             (Scenario::Waits, _) => Err("the waits scenario runs through Broker::run_waits".into()),
+            (Scenario::RequestReply, Side::AceMq) => {
+                acemq_request_reply(&self.acemq, queue, n, size).await
+            }
+            (Scenario::RequestReply, Side::Raw) => {
+                raw_request_reply(&self.raw, queue, n, size).await
+            }
         }
     }
 }

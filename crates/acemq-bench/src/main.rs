@@ -6,7 +6,8 @@
 use std::time::Duration;
 
 use acemq_bench::{
-    Broker, QueueKind, Result, Sample, Scenario, Side, memory_publish_consume, peak_rss_kib,
+    Broker, QueueKind, Result, Sample, Scenario, Side, memory_publish_consume,
+    memory_request_reply, peak_rss_kib,
 };
 use clap::Parser;
 
@@ -20,7 +21,7 @@ struct Args {
     #[arg(long, default_value = "amqp://guest:guest@127.0.0.1:5672/%2f")]
     url: String,
     /// Messages per run for every scenario (default: 2,000 confirm-each, 10,000 pipelined
-    /// and consume, 300 retry, 200,000 memory://).
+    /// and consume, 300 retry, 200,000 memory://, 600 waits, 5,000 request/reply).
     #[arg(long)]
     messages: Option<u64>,
     /// Body size in bytes (JSON).
@@ -70,6 +71,7 @@ impl Args {
             Scenario::Retry => 300,
             Scenario::Memory => 200_000,
             Scenario::Waits => 600,
+            Scenario::RequestReply => 5_000,
         };
         if self.quick { full / 50 } else { full }
     }
@@ -210,6 +212,10 @@ async fn bench(mut args: Args) -> Result<()> {
                 acemq: summarize(&samples),
             });
             continue;
+        }
+        if scenario == Scenario::RequestReply {
+            // AceMQ alone on memory://; the broker rows follow, against raw lapin.
+            rows.push(memory_request_reply_row(n, &args, rounds).await?);
         }
         let Some(broker) = &broker else { continue };
         for &kind in &args.queues {
@@ -370,5 +376,29 @@ async fn run_waits(
         messages: n,
         baseline: summarize(&baseline),
         failing: summarize(&failing),
+    })
+}
+
+/// Scenario 7's `memory://` row (AceMQ alone).
+async fn memory_request_reply_row(n: u64, args: &Args, rounds: usize) -> Result<Row> {
+    let mut samples = Vec::new();
+    for _ in 0..rounds {
+        let s = memory_request_reply(n, args.size).await?;
+        if args.verbose {
+            eprintln!(
+                "  {:<26} memory: {:.0} round trips/s",
+                Scenario::RequestReply.label(),
+                s.rate()
+            );
+        }
+        samples.push(s);
+    }
+    eprintln!("{:<28} memory   done", Scenario::RequestReply.label());
+    Ok(Row {
+        scenario: Scenario::RequestReply,
+        queue: "memory",
+        messages: n,
+        raw: None,
+        acemq: summarize(&samples),
     })
 }

@@ -2,7 +2,9 @@
 //! and against RabbitMQ when `ACEMQ_TEST_AMQP_URL` is set (required when
 //! `ACEMQ_TEST_REQUIRE_BROKER=1`).
 
-use acemq_bench::{Broker, QueueKind, Scenario, Side, memory_publish_consume};
+use acemq_bench::{
+    Broker, QueueKind, Scenario, Side, memory_publish_consume, memory_request_reply,
+};
 
 fn broker_url() -> Option<String> {
     match std::env::var("ACEMQ_TEST_AMQP_URL") {
@@ -64,6 +66,14 @@ async fn the_waits_scenario_runs() {
         assert!(s.rate() > 0.0);
     }
     broker.close().await.expect("close");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_request_reply_scenario_runs_on_memory() {
+    // On RabbitMQ it runs with the other broker scenarios, on both sides.
+    let s = memory_request_reply(50, 256).await.expect("memory run");
+    assert_eq!(s.messages, 50);
+    assert!(s.rate() > 0.0 && s.p50.is_some() && s.p99 >= s.p50);
 }
 
 #[test]

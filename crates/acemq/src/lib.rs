@@ -21,6 +21,8 @@
 //!   decide → settle → release): the settlement rules are pure functions
 //!   ([`consume::Decision`], driven by a [`retry`] policy) and their effects are moves made
 //!   through the engine; [`replay`] brings dead letters and parked messages back.
+//! - Both ways: [`request`] (a requester with a private reply queue, and a responder built
+//!   on the consumer) for request/reply.
 //! - Around it all: [`observe`] (metrics and trace context), [`idempotency`], and the
 //!   `actuator` (feature `actuator`).
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -44,6 +46,7 @@ pub mod observe;
 pub mod ordered;
 pub mod publish;
 pub mod replay;
+pub mod request;
 pub mod retry;
 pub mod stream;
 pub mod topology;

@@ -38,12 +38,12 @@ pub use self::composite::Composite;
 pub use self::known::feature_for;
 
 // Family codecs and wrappers (issue 15), each behind its own feature.
+#[cfg(feature = "avro")]
+pub mod avro;
 #[cfg(feature = "claim-check")]
 pub mod claim;
 #[cfg(feature = "encryption")]
 pub mod encrypt;
-#[cfg(feature = "avro")]
-pub mod avro;
 #[cfg(feature = "protobuf")]
 pub mod protobuf;
 #[cfg(feature = "avro")]

@@ -50,6 +50,9 @@ pub const CAPABILITIES: &[&str] = &[
     "health",
     "metrics",
     "trace-context",
+    "ordered-queues",
+    "request-reply",
+    "streams",
 ];
 
 /// A connection to RabbitMQ or to an in-process `memory://` broker.
@@ -429,5 +432,57 @@ impl Connection {
         D: Decoder<T>,
     {
         crate::stream::StreamReader::new(self.engine.clone(), name, decoder)
+    }
+}
+
+// --- Request/reply (issue 14) -----------------------------------------------------------
+
+impl Connection {
+    /// A [`Requester`](crate::request::Requester) with its own reply queue
+    /// `acemq.reply.{uuid}` (classic, `x-expires` 10 minutes), already consumed.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), acemq::Error> {
+    /// let mq = acemq::Connection::connect("memory://doc-conn-requester").await?;
+    /// let requester = mq.requester().await?;
+    /// assert!(requester.reply_queue().starts_with("acemq.reply."));
+    /// # Ok(()) }
+    /// ```
+    pub async fn requester(&self) -> Result<crate::request::Requester, Error> {
+        crate::request::Requester::start(&self.engine).await
+    }
+
+    /// Answers JSON requests of type `Req` from `queue` with the handler's `Resp`, sent to
+    /// the request's reply address (`acemq-reply-to`, else `reply_to`) with its
+    /// correlation. A consumer like any other: a handler error is retried under the
+    /// options' policy; a request without a reply address is acked, unanswered. See
+    /// [`crate::request`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), acemq::Error> {
+    /// use acemq::consume::{ConsumerOptions, Message};
+    /// let mq = acemq::Connection::connect("memory://doc-conn-respond").await?;
+    /// mq.transport().declare_queue(&acemq::topology::QueueDecl::classic("echo")).await?;
+    /// let responder = mq
+    ///     .respond("echo", ConsumerOptions::default(), |m: Message<String>| async move {
+    ///         Ok(m.into_payload())
+    ///     })
+    ///     .await?;
+    /// assert_eq!(responder.queue(), "echo");
+    /// # Ok(()) }
+    /// ```
+    pub async fn respond<Req, Resp, F, Fut>(
+        &self,
+        queue: &str,
+        options: ConsumerOptions,
+        handler: F,
+    ) -> Result<crate::request::Responder, Error>
+    where
+        Req: DeserializeOwned + Send + 'static,
+        Resp: serde::Serialize + Send + 'static,
+        F: Fn(Message<Req>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Resp, HandlerError>> + Send + 'static,
+    {
+        crate::request::responder_start(&self.engine, queue, options, handler).await
     }
 }

@@ -39,7 +39,6 @@ const EQUIVALENCE_KEYS: &[&str] = &[
 /// Arguments with behaviour the memory broker does not implement: refused, not ignored.
 const UNSUPPORTED_KEYS: &[&str] = &[
     "x-max-priority",
-    "x-expires",
     "x-max-length",
     "x-max-length-bytes",
     "x-overflow",
@@ -130,6 +129,8 @@ pub(crate) fn precondition(detail: String) -> TransportError {
 pub(crate) struct Checked {
     pub kind: Kind,
     pub ttl: Option<u64>,
+    /// `x-expires`: milliseconds unused before the queue is deleted.
+    pub expires: Option<u64>,
     pub dlx: Option<String>,
     pub dlrk: Option<String>,
 }
@@ -184,6 +185,28 @@ pub(crate) fn check_declaration(name: &str, decl: &QueueDecl) -> Result<Checked,
             }
         },
     };
+    let expires = match decl.arguments.get("x-expires") {
+        None => None,
+        Some(v) => match int_arg(v) {
+            Some(ms) if ms > 0 => Some(ms.unsigned_abs()),
+            Some(0) => {
+                return Err(precondition(format!(
+                    "invalid arg 'x-expires' for {qref}: {{value_zero,0}}"
+                )));
+            }
+            Some(ms) => {
+                return Err(precondition(format!(
+                    "invalid arg 'x-expires' for {qref}: {{value_negative,{ms}}}"
+                )));
+            }
+            None => {
+                return Err(precondition(format!(
+                    "invalid arg 'x-expires' for {qref}: {{unacceptable_type,{}}}",
+                    type_name(v)
+                )));
+            }
+        },
+    };
     let string_arg = |key: &str| -> Result<Option<String>, TransportError> {
         match decl.arguments.get(key) {
             None => Ok(None),
@@ -222,6 +245,7 @@ pub(crate) fn check_declaration(name: &str, decl: &QueueDecl) -> Result<Checked,
     Ok(Checked {
         kind,
         ttl,
+        expires,
         dlx,
         dlrk,
     })

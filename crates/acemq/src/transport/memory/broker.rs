@@ -426,20 +426,25 @@ impl State {
             decl.name.clone()
         };
         let checked = super::args::check_declaration(&name, decl)?;
-        if let Some(q) = self.queues.get(&name) {
+        if let Some(q) = self.queues.get_mut(&name) {
             let mine = q.exclusive_owner == Some(conn);
             if q.exclusive_owner.is_some() && !mine || decl.exclusive != q.exclusive_owner.is_some()
             {
                 return Err(locked(&name));
             }
             q.check_equivalent(decl)?;
+            q.last_used = tokio::time::Instant::now();
             return Ok(State::info(q));
         }
         let id = self.next_id();
         let owner = decl.exclusive.then_some(conn);
         let q = Queue::new(id, name.clone(), decl, checked, owner);
         let info = State::info(&q);
-        self.queues.insert(name, q);
+        let expires = q.expires;
+        self.queues.insert(name.clone(), q);
+        if let Some(ms) = expires {
+            self.start_unused_expiry(&name, id, ms);
+        }
         Ok(info)
     }
 

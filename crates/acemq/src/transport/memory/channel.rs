@@ -81,6 +81,7 @@ impl State {
             .ok_or_else(|| TransportError::Closed {
                 detail: "the connection is closed".into(),
             })?;
+        q.last_used = now;
         let Some(r) = q.ready.pop_front() else {
             return Ok(None);
         };

@@ -29,8 +29,9 @@
 //!   restore the original position);
 //! - unimplemented features are refused with `Unsupported` rather than ignored: priority
 //!   (`x-max-priority`, the `priority` property), `x-max-length*`, `x-overflow`,
-//!   `x-expires`, `x-single-active-consumer`, `x-delivery-limit`, streams and alternate
-//!   exchanges. Sender-selected distribution (`CC`/`BCC` headers) is not implemented.
+//!   `x-single-active-consumer`, `x-delivery-limit`, streams and alternate exchanges
+//!   (`x-expires` is implemented: a queue unused for the period is deleted).
+//!   Sender-selected distribution (`CC`/`BCC` headers) is not implemented.
 //!
 //! ```
 //! # async fn demo() -> Result<(), acemq::transport::TransportError> {
@@ -60,6 +61,7 @@ mod queue;
 mod recover;
 mod routing;
 mod subscription;
+mod unused;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};

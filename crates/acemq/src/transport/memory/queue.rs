@@ -77,6 +77,11 @@ pub(crate) struct Queue {
     pub kind: Kind,
     /// `x-message-ttl` in milliseconds.
     pub ttl: Option<u64>,
+    /// `x-expires` in milliseconds: deleted once unused (no consumer, no get, no
+    /// redeclaration) that long.
+    pub expires: Option<u64>,
+    /// The last time the queue was used, for `x-expires`.
+    pub last_used: Instant,
     /// `x-dead-letter-exchange`.
     pub dlx: Option<String>,
     /// `x-dead-letter-routing-key`.
@@ -119,6 +124,8 @@ impl Queue {
             arguments: decl.arguments.clone(),
             kind: checked.kind,
             ttl: checked.ttl,
+            expires: checked.expires,
+            last_used: Instant::now(),
             dlx: checked.dlx,
             dlrk: checked.dlrk,
             ready: VecDeque::new(),
@@ -173,6 +180,7 @@ impl Queue {
         if self.consumers.is_empty() {
             self.exclusive_consumer = false;
         }
+        self.last_used = Instant::now();
     }
 }
 

@@ -1,0 +1,235 @@
+//! Scenario 7: request/reply round trips (issue 14).
+//!
+//! One responder (prefetch [`PREFETCH`](crate::PREFETCH), concurrency
+//! [`RESPONDER_CONCURRENCY`]) echoes each request; one requester keeps [`REQUEST_WINDOW`]
+//! requests in flight (each a confirmed publish, then the wait for the matching reply on its
+//! reply queue). The figure is round trips per second, with the p50 / p99 of one round trip
+//! (from the call to the decoded reply). On RabbitMQ against raw lapin written the same
+//! way (a server-named exclusive reply queue, `correlation_id` matching, confirmed replies
+//! acked after their confirm); on `memory://`, AceMQ alone.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use acemq::consume::{ConsumerOptions, Message};
+use acemq::topology::QueueDecl;
+use futures::StreamExt;
+use lapin::BasicProperties;
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions};
+use lapin::types::FieldTable;
+use tokio::sync::{Semaphore, oneshot};
+
+use crate::{
+    BoxError, Clock, MANDATORY, PREFETCH, Payload, Result, Sample, check_confirm, confirm_channel,
+    raw_properties, short,
+};
+
+/// Requests in flight from the one requester.
+pub const REQUEST_WINDOW: usize = 16;
+
+/// Handlers the responder runs at once.
+pub const RESPONDER_CONCURRENCY: usize = 8;
+
+/// The timeout of each request (a run that hits it fails).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// `n` round trips through `queue` (which must exist) on `mq`: a responder echoing the
+/// payload, a requester with [`REQUEST_WINDOW`] requests in flight.
+pub async fn acemq_request_reply(
+    mq: &acemq::Connection,
+    queue: &str,
+    n: u64,
+    size: usize,
+) -> Result<Sample> {
+    let responder = mq
+        .respond(
+            queue,
+            ConsumerOptions::default()
+                .prefetch(PREFETCH)
+                .concurrency(RESPONDER_CONCURRENCY),
+            |m: Message<Payload>| async move { Ok(m.into_payload()) },
+        )
+        .await?;
+    let requester = mq.requester().await?;
+    let started = Clock::start();
+    let latencies: Vec<Result<Duration>> = futures::stream::iter(0..n)
+        .map(|seq| {
+            let requester = &requester;
+            async move {
+                let payload = Payload::new(seq, size);
+                let t = Instant::now();
+                let echo: Payload = requester
+                    .request("", queue, &payload, REQUEST_TIMEOUT)
+                    .await?;
+                if echo.seq != seq {
+                    return Err(format!("request {seq} was answered for {}", echo.seq).into());
+                }
+                Ok(t.elapsed())
+            }
+        })
+        .buffer_unordered(REQUEST_WINDOW)
+        .collect()
+        .await;
+    let elapsed = started.elapsed();
+    requester.close().await;
+    responder.close().await;
+    let latencies = latencies.into_iter().collect::<Result<Vec<_>>>()?;
+    Ok(Sample::new(n, elapsed, latencies))
+}
+
+/// Raw lapin, the same exchange written by hand: a responder (prefetch 100, up to 8
+/// replies in flight, each published with the request's `correlation_id` to its `reply_to`,
+/// confirmed, then the request acked) and a requester with a server-named exclusive reply
+/// queue (replies acked), a table of waiters by `correlation_id`, 16 requests in flight,
+/// each publish confirmed.
+pub async fn raw_request_reply(
+    conn: &lapin::Connection,
+    queue: &str,
+    n: u64,
+    size: usize,
+) -> Result<Sample> {
+    let serving = conn.create_channel().await?;
+    serving
+        .basic_qos(PREFETCH, BasicQosOptions::default())
+        .await?;
+    let replying = confirm_channel(conn).await?;
+    let mut requests = serving
+        .basic_consume(
+            short(queue)?,
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    let responder = tokio::spawn(async move {
+        let slots = Arc::new(Semaphore::new(RESPONDER_CONCURRENCY));
+        while let Some(d) = requests.next().await {
+            let d = d?;
+            let slot = slots.clone().acquire_owned().await?;
+            let ch = replying.clone();
+            tokio::spawn(async move {
+                let _slot = slot;
+                let reply = async {
+                    let p: Payload = serde_json::from_slice(&d.data)?;
+                    let to = d.properties.reply_to().clone().ok_or("no reply_to")?;
+                    let correlation = d.properties.correlation_id().clone();
+                    let mut props = raw_properties(format!("reply-{}", p.seq));
+                    if let Some(c) = correlation {
+                        props = props.with_correlation_id(c);
+                    }
+                    let body = serde_json::to_vec(&p)?;
+                    let confirm = ch
+                        .basic_publish("".into(), to, MANDATORY, &body, props)
+                        .await?;
+                    check_confirm(confirm.await?)?;
+                    d.ack(BasicAckOptions::default()).await?;
+                    Ok::<_, BoxError>(())
+                };
+                if let Err(e) = reply.await {
+                    eprintln!("raw responder: {e}");
+                }
+            });
+        }
+        Ok::<_, BoxError>(())
+    });
+    let requesting = confirm_channel(conn).await?;
+    let listening = conn.create_channel().await?;
+    listening
+        .basic_qos(PREFETCH, BasicQosOptions::default())
+        .await?;
+    let reply_queue = listening
+        .queue_declare(
+            "".into(),
+            QueueDeclareOptions {
+                exclusive: true,
+                auto_delete: true,
+                ..QueueDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await?
+        .name()
+        .clone();
+    let mut replies = listening
+        .basic_consume(
+            reply_queue.clone(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    type Waiters = Arc<Mutex<HashMap<String, oneshot::Sender<Vec<u8>>>>>;
+    let waiters: Waiters = Arc::default();
+    let table = waiters.clone();
+    let router = tokio::spawn(async move {
+        while let Some(d) = replies.next().await {
+            let d = d?;
+            let waiter = d.properties.correlation_id().as_ref().and_then(|c| {
+                table
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(c.as_str())
+            });
+            if let Some(w) = waiter {
+                let _ = w.send(d.data.clone());
+            }
+            d.ack(BasicAckOptions::default()).await?;
+        }
+        Ok::<_, BoxError>(())
+    });
+    let routing_key = short(queue)?;
+    let started = Clock::start();
+    let latencies: Vec<Result<Duration>> = futures::stream::iter(0..n)
+        .map(|seq| {
+            let (waiters, ch) = (waiters.clone(), &requesting);
+            let (reply_queue, routing_key) = (reply_queue.clone(), routing_key.clone());
+            async move {
+                let t = Instant::now();
+                let correlation = format!("raw-rr-{seq}");
+                let (tx, rx) = oneshot::channel();
+                waiters
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(correlation.clone(), tx);
+                let body = serde_json::to_vec(&Payload::new(seq, size))?;
+                let props: BasicProperties = raw_properties(format!("req-{seq}"))
+                    .with_correlation_id(correlation.into())
+                    .with_reply_to(reply_queue);
+                let confirm = ch
+                    .basic_publish("".into(), routing_key, MANDATORY, &body, props)
+                    .await?;
+                check_confirm(confirm.await?)?;
+                let body = tokio::time::timeout(REQUEST_TIMEOUT, rx).await??;
+                let echo: Payload = serde_json::from_slice(&body)?;
+                if echo.seq != seq {
+                    return Err(format!("request {seq} was answered for {}", echo.seq).into());
+                }
+                Ok(t.elapsed())
+            }
+        })
+        .buffer_unordered(REQUEST_WINDOW)
+        .collect()
+        .await;
+    let elapsed = started.elapsed();
+    for ch in [&requesting, &listening, &serving] {
+        ch.close(200, "OK".into()).await?;
+    }
+    router.abort();
+    responder.abort();
+    let latencies = latencies.into_iter().collect::<Result<Vec<_>>>()?;
+    Ok(Sample::new(n, elapsed, latencies))
+}
+
+/// Scenario 7 on a fresh `memory://` broker.
+pub async fn memory_request_reply(n: u64, size: usize) -> Result<Sample> {
+    let name = format!("memory://acemq-bench-rr-{}", std::process::id());
+    let mq = acemq::Connection::connect(&name).await?;
+    mq.transport()
+        .declare_queue(&QueueDecl::classic("bench.requests"))
+        .await?;
+    let sample = acemq_request_reply(&mq, "bench.requests", n, size).await;
+    mq.transport().delete_queue("bench.requests").await?;
+    mq.close().await?;
+    sample
+}

@@ -1,0 +1,256 @@
+//! [`Requester`]: sends requests and waits for their replies on a private reply queue.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::observe::{RequestOutcome, record, request_span};
+use super::replies::{Shared, run};
+use super::{
+    REPLY_PREFETCH, REPLY_QUEUE_EXPIRES_MS, REPLY_QUEUE_PREFIX, RequestError, simple_type_name,
+};
+use crate::codec::{Decoder, Json};
+use crate::engine::Engine;
+use crate::error::Error;
+use crate::headers::HeaderValue;
+use crate::observe::trace::{self, TraceContext};
+use crate::publish::{Publisher, SendOptions};
+use crate::topology::QueueDecl;
+use crate::transport::ConsumeSpec;
+use crate::util::lock;
+
+/// Counts of a requester's requests so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RequesterStats {
+    /// Requests whose reply came in time.
+    pub answered: u64,
+    /// Requests that timed out.
+    pub timed_out: u64,
+    /// Replies that matched no waiting request (late, or their request was dropped):
+    /// acked and dropped.
+    pub unmatched: u64,
+    /// Requests waiting for their reply right now.
+    pub pending: usize,
+}
+
+/// Sends requests and waits for their replies (see the [module docs](crate::request)).
+///
+/// Cheap to clone; every clone shares one reply queue. The reply queue is consumed until
+/// [`Requester::close`] or until the last clone is dropped (then it is left to its
+/// `x-expires`).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), acemq::Error> {
+/// let mq = acemq::Connection::connect("memory://doc-requester").await?;
+/// let requester = mq.requester().await?;
+/// assert!(requester.reply_queue().starts_with("acemq.reply."));
+/// assert_eq!(requester.stats().pending, 0);
+/// requester.close().await;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Requester {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    shared: Arc<Shared>,
+    stop: CancellationToken,
+    task: std::sync::Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+impl std::fmt::Debug for Requester {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Requester")
+            .field("reply_queue", &self.reply_queue())
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl Requester {
+    /// Declares a fresh reply queue on `engine` and starts consuming it (what
+    /// [`crate::Connection::requester`] does).
+    pub(crate) async fn start(engine: &Arc<Engine>) -> Result<Requester, Error> {
+        if engine.lifecycle.is_closed() {
+            return Err(Error::Closed);
+        }
+        let name = format!("{REPLY_QUEUE_PREFIX}{}", uuid::Uuid::new_v4());
+        // Classic and durable, as every queue the Java member declares, with its x-expires:
+        // a requester that goes away without closing leaves nothing behind for long.
+        let decl = QueueDecl::classic(&name)
+            .argument("x-expires", HeaderValue::I64(REPLY_QUEUE_EXPIRES_MS));
+        engine.transport.declare_queue(&decl).await?;
+        let spec = ConsumeSpec::new(name.clone(), REPLY_PREFETCH).tag(format!("acemq-{name}"));
+        let subscription = match engine.transport.consume(spec.clone()).await {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = engine.transport.delete_queue(&name).await;
+                return Err(e.into());
+            }
+        };
+        let shared = Arc::new(Shared::new(engine.clone(), decl));
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(run(shared.clone(), subscription, spec, stop.clone()));
+        Ok(Requester {
+            inner: Arc::new(Inner {
+                shared,
+                stop,
+                task: std::sync::Mutex::new(Some(task)),
+            }),
+        })
+    }
+
+    /// The reply queue, `acemq.reply.{uuid}`.
+    pub fn reply_queue(&self) -> &str {
+        self.inner.shared.queue()
+    }
+
+    /// Counts so far, and the requests waiting right now.
+    pub fn stats(&self) -> RequesterStats {
+        let s = &self.inner.shared;
+        RequesterStats {
+            answered: s.answered.load(Ordering::Relaxed),
+            timed_out: s.timed_out.load(Ordering::Relaxed),
+            unmatched: s.unmatched.load(Ordering::Relaxed),
+            pending: s.pending(),
+        }
+    }
+
+    /// Sends `request` (JSON) to `exchange` with `routing_key` and waits up to `timeout`
+    /// for the reply, decoded as `Resp`.
+    ///
+    /// The request is a normal confirmed, mandatory publish (refused while publishing is
+    /// paused, unroutable is an error) whose envelope type is `Req`'s simple name, with a
+    /// fresh `x-acemq-correlation` and the reply queue in `acemq-reply-to` and `reply_to`.
+    /// `timeout` bounds the whole call, publish included.
+    ///
+    /// Cancel-safe: dropping the future gives its place back at once; a reply that comes
+    /// later is counted as unmatched and dropped.
+    ///
+    /// # Errors
+    ///
+    /// [`RequestError::TimedOut`] (the request may still be processed),
+    /// [`RequestError::Publish`], [`RequestError::Reply`] (the reply does not decode),
+    /// [`RequestError::Closed`].
+    pub async fn request<Req, Resp>(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        request: &Req,
+        timeout: Duration,
+    ) -> Result<Resp, RequestError>
+    where
+        Req: Serialize + ?Sized + 'static,
+        Resp: DeserializeOwned,
+    {
+        let started = Instant::now();
+        let shared = &self.inner.shared;
+        let engine = &shared.engine;
+        let correlation_id = uuid::Uuid::new_v4().to_string();
+        let message_type = simple_type_name::<Req>("Request");
+        let destination = if exchange.is_empty() {
+            routing_key
+        } else {
+            exchange
+        };
+        let (ctx, parent) = TraceContext::for_publish();
+        let span = request_span(
+            destination,
+            routing_key,
+            &correlation_id,
+            &message_type,
+            &ctx,
+            parent.as_ref(),
+        );
+        let mut slot = shared
+            .register(&correlation_id)
+            .ok_or(RequestError::Closed)?;
+        let publisher: Publisher<Req> =
+            Publisher::new(engine.clone(), exchange.into(), routing_key.into(), Json);
+        let options = SendOptions::new()
+            .correlation_id(correlation_id.clone())
+            .reply_to(shared.queue())
+            .message_type(message_type.clone());
+        let exchange_and_wait = async {
+            publisher
+                .send_with(request, options)
+                .await
+                .map_err(RequestError::Publish)?;
+            slot.reply().await.ok_or(RequestError::Closed)
+        };
+        let waited = tokio::time::timeout(timeout, trace::scope(ctx, exchange_and_wait))
+            .instrument(span.clone())
+            .await;
+        drop(slot);
+        let transport = crate::observe::transport_name(engine.transport.kind());
+        let reply = match waited {
+            Ok(Ok(reply)) => reply,
+            Ok(Err(e)) => {
+                trace::record_outcome(&span, "failed", true);
+                return Err(e);
+            }
+            Err(_elapsed) => {
+                shared.timed_out.fetch_add(1, Ordering::Relaxed);
+                record(
+                    routing_key,
+                    &message_type,
+                    transport,
+                    RequestOutcome::TimedOut,
+                    started.elapsed(),
+                );
+                trace::record_outcome(&span, RequestOutcome::TimedOut.as_str(), true);
+                return Err(RequestError::TimedOut {
+                    destination: destination.to_owned(),
+                    correlation_id,
+                    timeout,
+                });
+            }
+        };
+        shared.answered.fetch_add(1, Ordering::Relaxed);
+        record(
+            routing_key,
+            &message_type,
+            transport,
+            RequestOutcome::Answered,
+            started.elapsed(),
+        );
+        trace::record_outcome(&span, RequestOutcome::Answered.as_str(), false);
+        Decoder::<Resp>::decode(&Json, reply.content_type.as_deref(), &reply.body).map_err(
+            |source| RequestError::Reply {
+                correlation_id,
+                source,
+            },
+        )
+    }
+
+    /// Stops consuming the reply queue and deletes it (as the Java member does on close).
+    /// Requests still waiting fail with [`RequestError::Closed`]. Every clone is closed.
+    pub async fn close(&self) {
+        self.inner.stop.cancel();
+        let task = lock(&self.inner.task).take();
+        if let Some(task) = task {
+            let _ = task.await;
+        }
+        let shared = &self.inner.shared;
+        if shared.engine.lifecycle.is_closed() {
+            return;
+        }
+        if let Err(e) = shared.engine.transport.delete_queue(shared.queue()).await {
+            tracing::warn!(queue = %shared.queue(), error = %e, "could not delete the reply queue; its x-expires removes it within 10 minutes");
+        }
+    }
+}

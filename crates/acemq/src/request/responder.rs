@@ -1,0 +1,223 @@
+//! [`Responder`]: a consumer whose handler's answer is published back to the requester.
+//!
+//! The responder is a consume handler wrapper: [`start`] hands the consume machinery a
+//! handler that reads the reply address, runs the application's handler, and publishes
+//! its answer. A failure of the application's handler, or a reply that could not be
+//! published, is an ordinary handler failure: the consumer's retry policy decides.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tracing::Instrument;
+
+use super::simple_type_name;
+use crate::codec::Json;
+use crate::consume::{Consumer, ConsumerOptions, ConsumerStats, HandlerError, Message};
+use crate::engine::Engine;
+use crate::error::Error;
+use crate::observe::metrics::PublishOutcome;
+use crate::observe::trace::{self, TraceContext};
+use crate::publish::{SendOptions, prepare};
+use crate::transport::{Confirmation, Outbound, TransportError};
+
+/// Counts of a responder's requests so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ResponderStats {
+    /// Replies published (counted before the publish, given back if it fails).
+    pub answered: u64,
+    /// Requests with no reply address: acked, handler not run, no reply.
+    pub unanswerable: u64,
+    /// Replies the broker could not route (the reply queue is gone: its requester closed
+    /// or expired). The request is acked: no requester is left to answer.
+    pub undeliverable: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counts {
+    answered: AtomicU64,
+    unanswerable: AtomicU64,
+    undeliverable: AtomicU64,
+}
+
+/// A running responder (see the [module docs](crate::request)). Like a consumer, it runs
+/// until [`Responder::close`] or the connection closes; dropping it does not stop it.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), acemq::Error> {
+/// use acemq::consume::{ConsumerOptions, Message};
+/// let mq = acemq::Connection::connect("memory://doc-responder").await?;
+/// mq.transport().declare_queue(&acemq::topology::QueueDecl::classic("sums")).await?;
+/// let r = mq.respond("sums", ConsumerOptions::default(), |m: Message<Vec<i64>>| async move {
+///     Ok(m.payload().iter().sum::<i64>())
+/// }).await?;
+/// assert_eq!(r.stats().answered, 0);
+/// r.close().await;
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct Responder {
+    consumer: Consumer,
+    counts: Arc<Counts>,
+}
+
+impl Responder {
+    /// Counts so far.
+    pub fn stats(&self) -> ResponderStats {
+        ResponderStats {
+            answered: self.counts.answered.load(Ordering::Relaxed),
+            unanswerable: self.counts.unanswerable.load(Ordering::Relaxed),
+            undeliverable: self.counts.undeliverable.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The consumer underneath (its outcome counts, in-flight and move status).
+    pub fn consumer(&self) -> &Consumer {
+        &self.consumer
+    }
+
+    /// The consumer's outcome counts (acked, retried, dead-lettered, ...).
+    pub fn consumer_stats(&self) -> ConsumerStats {
+        self.consumer.stats()
+    }
+
+    /// The queue it answers.
+    pub fn queue(&self) -> &str {
+        self.consumer.queue()
+    }
+
+    /// Stops taking requests and lets running handlers finish ([`Consumer::close`]).
+    pub async fn close(&self) {
+        self.consumer.close().await;
+    }
+}
+
+/// Starts a responder on `queue` (what [`crate::Connection::respond`] does).
+pub(crate) async fn start<Req, Resp, F, Fut>(
+    engine: &Arc<Engine>,
+    queue: &str,
+    options: ConsumerOptions,
+    handler: F,
+) -> Result<Responder, Error>
+where
+    Req: DeserializeOwned + Send + 'static,
+    Resp: Serialize + Send + 'static,
+    F: Fn(Message<Req>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Resp, HandlerError>> + Send + 'static,
+{
+    let counts = Arc::new(Counts::default());
+    let handler = Arc::new(handler);
+    let wrapper = {
+        let (engine, counts) = (engine.clone(), counts.clone());
+        move |m: Message<Req>| answer(engine.clone(), counts.clone(), handler.clone(), m)
+    };
+    let consumer = crate::consume::start(engine, queue, Json, options, wrapper).await?;
+    Ok(Responder { consumer, counts })
+}
+
+/// One request: reply address, handler, reply.
+async fn answer<Req, Resp, F, Fut>(
+    engine: Arc<Engine>,
+    counts: Arc<Counts>,
+    handler: Arc<F>,
+    m: Message<Req>,
+) -> Result<(), HandlerError>
+where
+    Resp: Serialize,
+    F: Fn(Message<Req>) -> Fut,
+    Fut: Future<Output = Result<Resp, HandlerError>>,
+{
+    // Header first, property second: Envelope::read does it in that order.
+    let Some(reply_to) = m.reply_to().map(str::to_owned) else {
+        counts.unanswerable.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(queue = %m.queue(), id = %m.envelope().id(), "a request without a reply address (neither acemq-reply-to nor reply_to): acked, not handled, no reply");
+        return Ok(());
+    };
+    let request_id = m.envelope().id().to_owned();
+    let correlation_id = m.envelope().correlation_id().to_owned();
+    let answer = handler(m).await?;
+    // Counted before the publish (a requester may see the reply before this returns),
+    // given back when it fails.
+    counts.answered.fetch_add(1, Ordering::Relaxed);
+    let reply = build_reply(&engine, &reply_to, &correlation_id, &request_id, &answer);
+    drop(answer);
+    let sent = match reply {
+        Ok(reply) => publish_reply(&engine, reply).await,
+        Err(e) => Err(e.into()),
+    };
+    match sent {
+        Ok(Confirmation::Routed) => Ok(()),
+        Ok(Confirmation::Unroutable { reply_text, .. }) => {
+            counts.answered.fetch_sub(1, Ordering::Relaxed);
+            counts.undeliverable.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(%reply_to, request = %request_id, %reply_text, "the reply queue is gone (its requester closed or expired); request acked, reply dropped");
+            Ok(())
+        }
+        Ok(Confirmation::Nacked) => {
+            counts.answered.fetch_sub(1, Ordering::Relaxed);
+            Err(HandlerError::retry(format!(
+                "the broker nacked the reply to {reply_to}"
+            )))
+        }
+        Err(e) => {
+            counts.answered.fetch_sub(1, Ordering::Relaxed);
+            Err(HandlerError::retry(format!(
+                "the reply to {reply_to} could not be published: {e}"
+            )))
+        }
+    }
+}
+
+/// Why a reply was not sent.
+#[derive(Debug, thiserror::Error)]
+enum ReplyError {
+    #[error(transparent)]
+    Build(#[from] Error),
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+}
+
+/// A reply ready to publish, with its publish span.
+struct Reply {
+    out: Outbound,
+    span: tracing::Span,
+}
+
+/// The reply to `reply_to` through the default exchange with the request's correlation and
+/// causation = the request's id; its `traceparent` a child of the handler's context.
+fn build_reply<Resp: Serialize>(
+    engine: &Engine,
+    reply_to: &str,
+    correlation_id: &str,
+    request_id: &str,
+    answer: &Resp,
+) -> Result<Reply, Error> {
+    let message_type = simple_type_name::<Resp>("Reply");
+    let options = SendOptions::new()
+        .correlation_id(correlation_id)
+        .causation_id(request_id)
+        .message_type(message_type.clone());
+    let mut out = prepare(&Json, "", reply_to, answer, options, &engine.origin)?;
+    let (ctx, parent) = TraceContext::for_publish();
+    ctx.inject(&mut out.properties.headers);
+    let id = out.properties.message_id.as_deref().unwrap_or_default();
+    let span = trace::publish_span("", reply_to, id, &message_type, &ctx, parent.as_ref());
+    Ok(Reply { out, span })
+}
+
+/// Publishes a reply mandatory and confirmed, as a publish made on the requester's behalf
+/// (never refused by a publishing pause).
+async fn publish_reply(engine: &Engine, reply: Reply) -> Result<Confirmation, ReplyError> {
+    let Reply { out, span } = reply;
+    let sent = engine.publish_on_behalf(out).instrument(span.clone()).await;
+    let outcome = match &sent {
+        Ok(Confirmation::Routed) => PublishOutcome::Confirmed,
+        Ok(Confirmation::Unroutable { .. }) => PublishOutcome::Unroutable,
+        _ => PublishOutcome::Failed,
+    };
+    trace::record_publish_outcome(&span, outcome);
+    Ok(sent?)
+}
