@@ -28,6 +28,7 @@ use tracing::Instrument;
 
 /// What a confirmed publish returns.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PublishResult {
     /// The envelope id (also the AMQP `message_id`).
     pub message_id: String,

@@ -10,14 +10,40 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::transport::recovery::RecoveryPolicy;
-use crate::transport::{ConsumeSpec, Subscription, Transport};
+use crate::transport::{ConsumeSpec, Subscription, Transport, TransportStatus};
 
 /// The backoff between attempts to subscribe again.
 pub(crate) fn backoff() -> RecoveryPolicy {
     RecoveryPolicy::default().delays(Duration::from_millis(100), Duration::from_secs(30))
+}
+
+/// Waits until `transport` is connected, calling `waiting` before each wait; `false` once
+/// `stop` is cancelled. A transport whose status can no longer change is polled at the
+/// backoff's longest delay rather than spun on.
+pub(crate) async fn wait_connected(
+    transport: &Arc<dyn Transport>,
+    status: &mut watch::Receiver<TransportStatus>,
+    stop: &CancellationToken,
+    mut waiting: impl FnMut(),
+) -> bool {
+    while !transport.status().connected {
+        waiting();
+        tokio::select! {
+            biased;
+            _ = stop.cancelled() => return false,
+            changed = status.changed() => if changed.is_err() {
+                tokio::select! {
+                    _ = stop.cancelled() => return false,
+                    _ = tokio::time::sleep(backoff().max_delay()) => {}
+                }
+            },
+        }
+    }
+    true
 }
 
 /// Subscribes again, waiting for the transport and backing off between failures; `None`
@@ -34,22 +60,14 @@ pub(crate) async fn resubscribe(
     let mut attempt = 0u32;
     loop {
         // Wait for the connection first: subscribing on a recovering transport only fails.
-        while !transport.status().connected {
+        let waiting = || {
             degraded(format!(
                 "the broker ended the subscription; waiting for the connection to {} to recover",
                 transport.kind()
-            ));
-            tokio::select! {
-                biased;
-                _ = stop.cancelled() => return None,
-                changed = status.changed() => if changed.is_err() {
-                    // The transport is gone: poll rather than spin.
-                    tokio::select! {
-                        _ = stop.cancelled() => return None,
-                        _ = tokio::time::sleep(policy.max_delay()) => {}
-                    }
-                },
-            }
+            ))
+        };
+        if !wait_connected(transport, &mut status, stop, waiting).await {
+            return None;
         }
         attempt += 1;
         match transport.consume(spec.clone()).await {

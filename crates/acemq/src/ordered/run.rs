@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use super::OnFailure;
 use super::state::{Fate, Halt, Partition, PartitionRole, Shared};
 use crate::codec::Decoder;
+use crate::consume::resubscribe::{backoff, wait_connected};
 use crate::consume::{HandlerError, Message};
 use crate::engine::Engine;
 use crate::envelope::{self, Envelope, application_headers};
@@ -24,7 +25,6 @@ use crate::error::Error;
 use crate::headers::HeaderValue;
 use crate::lifecycle::Gate;
 use crate::topology::{QueueDecl, dead_letter_queue, parked_queue};
-use crate::transport::recovery::RecoveryPolicy;
 use crate::transport::{Confirmation, ConsumeSpec, Delivery, Subscription, TransportError};
 use crate::util::panic_text;
 
@@ -110,23 +110,18 @@ where
         exclusive: true,
         arguments: Default::default(),
     };
-    let backoff =
-        RecoveryPolicy::default().delays(Duration::from_millis(100), Duration::from_secs(30));
+    let policy = backoff();
     let mut failures = 0u32;
     let mut status = transport.watch_status();
     loop {
-        while !transport.status().connected {
+        let waiting = || {
             ctx.shared.set_role(
                 part,
                 PartitionRole::Connecting("waiting for the connection".into()),
-            );
-            tokio::select! {
-                biased;
-                _ = ctx.stop.cancelled() => return,
-                changed = status.changed() => if changed.is_err() && pause(&ctx.stop, backoff.max_delay()).await {
-                    return;
-                },
-            }
+            )
+        };
+        if !wait_connected(&transport, &mut status, &ctx.stop, waiting).await {
+            return;
         }
         let subscribed = tokio::select! {
             biased;
@@ -165,7 +160,7 @@ where
                     part,
                     PartitionRole::Connecting(format!("subscribing failed: {e}")),
                 );
-                if pause(&ctx.stop, backoff.delay(failures)).await {
+                if pause(&ctx.stop, policy.delay(failures)).await {
                     return;
                 }
                 continue;

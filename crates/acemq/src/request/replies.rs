@@ -9,18 +9,17 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use bytes::Bytes;
 use futures::FutureExt;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
+use crate::consume::resubscribe::{backoff, wait_connected};
 use crate::engine::Engine;
 use crate::envelope;
 use crate::headers::HeaderValue;
 use crate::topology::QueueDecl;
-use crate::transport::recovery::RecoveryPolicy;
 use crate::transport::{ConsumeSpec, Delivery, Settlement, Subscription, TransportError};
 use crate::util::lock;
 
@@ -204,26 +203,13 @@ async fn resubscribe(
     stop: &CancellationToken,
 ) -> Option<Box<dyn Subscription>> {
     let transport = &shared.engine.transport;
-    // The consumers' backoff (consume/resubscribe): 100 ms doubling to 30 s, jittered.
-    let policy =
-        RecoveryPolicy::default().delays(Duration::from_millis(100), Duration::from_secs(30));
+    // The consumers' backoff: 100 ms doubling to 30 s, jittered.
+    let policy = backoff();
     let mut status = transport.watch_status();
     let mut attempt = 0u32;
     loop {
-        while !transport.status().connected {
-            if shared.engine.lifecycle.is_closed() {
-                return None;
-            }
-            tokio::select! {
-                biased;
-                _ = stop.cancelled() => return None,
-                changed = status.changed() => if changed.is_err() {
-                    tokio::select! {
-                        _ = stop.cancelled() => return None,
-                        _ = tokio::time::sleep(policy.max_delay()) => {}
-                    }
-                },
-            }
+        if !wait_connected(transport, &mut status, stop, || {}).await {
+            return None;
         }
         if shared.engine.lifecycle.is_closed() {
             return None;
