@@ -20,10 +20,9 @@ use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions, Queu
 use lapin::types::FieldTable;
 use tokio::sync::{Semaphore, oneshot};
 
-use crate::{
-    BoxError, Clock, MANDATORY, PREFETCH, Payload, Result, Sample, check_confirm, confirm_channel,
-    raw_properties, short,
-};
+use crate::raw::{MANDATORY, check_confirm, confirm_channel, raw_properties};
+use crate::scenario::short;
+use crate::{BoxError, Clock, PREFETCH, Payload, Result, Sample};
 
 /// Requests in flight from the one requester.
 pub const REQUEST_WINDOW: usize = 16;

@@ -5,6 +5,7 @@
 
 mod relay;
 mod sql;
+mod verdict;
 
 pub use relay::OutboxRelay;
 

@@ -12,6 +12,7 @@ use acemq::error::ErrorKind;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use super::verdict::{Verdict, connection_trouble, verdict};
 use super::{
     DEFAULT_BATCH_SIZE, DEFAULT_LEASE, DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_BACKOFF,
     DEFAULT_POLL_INTERVAL, DEFAULT_RETRY_DELAY, Outbox,
@@ -47,39 +48,6 @@ struct Pass {
     /// Rows whose outcome was recorded: published, or failed against `max_attempts`.
     handled: usize,
     end: End,
-}
-
-/// What a failed publish means for its row (see [`OutboxRelay`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Verdict {
-    /// The broker refused the row, or the row cannot be published: spends an attempt.
-    Attempt,
-    /// The broker was unavailable, or the outcome is in doubt: attempts unchanged.
-    Unavailable,
-    /// The connection was closed by its owner: the relay stops.
-    Closed,
-}
-
-/// Whether a publish failed because of the connection itself (down, recovering, blocked,
-/// closed under it), whatever its status says yet: the rest of the batch would fail too.
-fn connection_trouble(e: &acemq::Error) -> bool {
-    use acemq::transport::TransportError as T;
-    matches!(
-        e,
-        acemq::Error::Blocked { .. }
-            | acemq::Error::Transport(
-                T::NotConnected { .. } | T::Closed { .. } | T::Io { .. } | T::Blocked { .. }
-            )
-    )
-}
-
-fn verdict(kind: ErrorKind) -> Verdict {
-    match kind {
-        ErrorKind::Refused | ErrorKind::Invalid => Verdict::Attempt,
-        ErrorKind::Closed => Verdict::Closed,
-        // Transient, InDoubt, and any kind added later: never the row's fault.
-        _ => Verdict::Unavailable,
-    }
 }
 
 #[derive(Clone, Debug)]
@@ -542,50 +510,6 @@ impl Drop for OutboxRelay {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn only_refused_and_invalid_spend_an_attempt() {
-        assert_eq!(verdict(ErrorKind::Refused), Verdict::Attempt);
-        assert_eq!(verdict(ErrorKind::Invalid), Verdict::Attempt);
-        assert_eq!(verdict(ErrorKind::Transient), Verdict::Unavailable);
-        assert_eq!(verdict(ErrorKind::InDoubt), Verdict::Unavailable);
-        assert_eq!(verdict(ErrorKind::Closed), Verdict::Closed);
-        let unroutable = acemq::Error::Unroutable {
-            exchange: String::new(),
-            routing_key: "q".into(),
-            message_id: "m".into(),
-            reply_text: "NO_ROUTE".into(),
-        };
-        assert_eq!(verdict(unroutable.kind()), Verdict::Attempt);
-        let nack = acemq::Error::Nacked {
-            message_id: "m".into(),
-        };
-        assert_eq!(
-            verdict(nack.kind()),
-            Verdict::Unavailable,
-            "a nack is transient"
-        );
-        let lost: acemq::Error = acemq::transport::TransportError::ConfirmLost {
-            detail: "gone".into(),
-            source: None,
-        }
-        .into();
-        assert_eq!(verdict(lost.kind()), Verdict::Unavailable);
-        let down: acemq::Error = acemq::transport::TransportError::NotConnected {
-            detail: "recovering".into(),
-        }
-        .into();
-        assert_eq!(verdict(down.kind()), Verdict::Unavailable);
-        assert!(connection_trouble(&down));
-        assert!(connection_trouble(&acemq::Error::Blocked {
-            reason: "disk".into()
-        }));
-        assert!(
-            !connection_trouble(&lost),
-            "a lost confirm is the row's publish"
-        );
-        assert!(!connection_trouble(&nack));
-    }
 
     #[tokio::test]
     async fn the_backoff_doubles_from_the_poll_interval_up_to_the_cap() {
