@@ -123,7 +123,8 @@ impl Drop for Connection {
 /// A connection to the in-process broker `memory://{name}`.
 ///
 /// Like the AMQP transport it recovers: a connection lost through
-/// [`MemoryTransport::drop_connection`] (a fault injected by a test) is redialled under its
+/// `MemoryTransport::drop_connection` (a fault injected by a test, feature `testing`) is
+/// redialled under its
 /// [`RecoveryPolicy`] in `tokio` time, its topology declared again, and consumers
 /// re-subscribe.
 ///
