@@ -124,9 +124,8 @@ impl Drop for Connection {
 ///
 /// Like the AMQP transport it recovers: a connection lost through
 /// `MemoryTransport::drop_connection` (a fault injected by a test, feature `testing`) is
-/// redialled under its
-/// [`RecoveryPolicy`] in `tokio` time, its topology declared again, and consumers
-/// re-subscribe.
+/// redialled under its [`RecoveryPolicy`] in `tokio` time, its topology declared again, and
+/// consumers re-subscribe.
 ///
 /// ```
 /// use acemq::transport::{Transport, memory::MemoryTransport};
