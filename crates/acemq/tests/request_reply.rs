@@ -15,6 +15,7 @@ use acemq::Connection;
 use acemq::connection::ConnectionOptions;
 use acemq::consume::{ConsumerOptions, HandlerError, Message};
 use acemq::headers::HeaderValue;
+use acemq::health::HealthStatus;
 use acemq::request::{RequestError, Requester};
 use acemq::retry::RetryPolicy;
 use acemq::transport::Properties;
@@ -583,6 +584,41 @@ async fn requests_in_flight_across_a_lost_connection_are_answered_or_time_out_an
             .unwrap();
         assert_eq!(pong.n, 77);
         done(&mq, &q, &requester).await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_requester_is_in_health_and_degraded_while_its_reply_queue_is_not_consumed() {
+    support::on_each_target(|target| async move {
+        let (mq, fault) = connect_recovering(&target).await;
+        let requester = mq.requester().await.unwrap();
+        let name = format!("requester:{}", requester.reply_queue());
+        let status = |mq: &Connection| mq.health().report(&name).map(|r| r.status);
+        let health = mq.health();
+        let report = health
+            .report(&name)
+            .expect("the requester registers itself");
+        assert_eq!(report.status, HealthStatus::Up);
+        assert_eq!(report.detail_value("pending"), Some(&serde_json::json!(0)));
+        // The broker down: the reply queue cannot be consumed, so replies cannot arrive.
+        if let (Target::Memory(broker), Fault::Memory(m)) = (&target, &fault) {
+            let broker = acemq::transport::memory::MemoryBroker::named(broker);
+            broker.set_down(true);
+            m.drop_connection("test");
+            support::eventually(LONG, "the requester Degraded", || async {
+                (status(&mq) == Some(HealthStatus::Degraded)).then_some(())
+            })
+            .await;
+            broker.set_down(false);
+            support::eventually(LONG, "the requester Up again", || async {
+                (status(&mq) == Some(HealthStatus::Up)).then_some(())
+            })
+            .await;
+        }
+        requester.close().await;
+        assert_eq!(status(&mq), None, "a closed requester leaves health");
+        mq.close().await.unwrap();
     })
     .await;
 }

@@ -26,7 +26,10 @@
 //! Recovery: the reply queue is recorded with the transport's topology (declared again
 //! after a reconnect), and the requester subscribes to it again once the connection is
 //! back (declaring it first, in case it expired meanwhile). A request in flight across a
-//! loss gets its reply or times out: every wait is bounded by its timeout.
+//! loss gets its reply or times out: every wait is bounded by its timeout. Meanwhile the
+//! requester's health component, `requester:{reply queue}`, is Degraded with the reason
+//! (Up otherwise; details `pending`, `answered`, `timedOut`, `unmatched`); it leaves health
+//! when the requester is closed.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -19,6 +19,7 @@ use crate::consume::resubscribe::{backoff, wait_connected};
 use crate::engine::Engine;
 use crate::envelope;
 use crate::headers::HeaderValue;
+use crate::health::{HealthContributor, HealthReport};
 use crate::topology::QueueDecl;
 use crate::transport::{ConsumeSpec, Delivery, Settlement, Subscription, TransportError};
 use crate::util::lock;
@@ -41,6 +42,8 @@ pub(super) struct Shared {
     pub(super) answered: AtomicU64,
     pub(super) timed_out: AtomicU64,
     pub(super) unmatched: AtomicU64,
+    /// Why the reply queue is not consumed right now (`None` while it is).
+    lost: Mutex<Option<String>>,
 }
 
 impl Shared {
@@ -52,6 +55,7 @@ impl Shared {
             answered: AtomicU64::new(0),
             timed_out: AtomicU64::new(0),
             unmatched: AtomicU64::new(0),
+            lost: Mutex::new(None),
         }
     }
 
@@ -104,6 +108,36 @@ impl Shared {
     /// Ends every wait: the waiters see the requester closed.
     fn close_waiters(&self) {
         lock(&self.waiters).take();
+    }
+}
+
+/// The `requester:{reply queue}` health component: Up while the reply queue is consumed,
+/// Degraded (with the reason) while it is being subscribed again, so replies cannot arrive.
+pub(super) struct RequesterHealth(pub(super) Arc<Shared>);
+
+impl RequesterHealth {
+    /// The component's name for a reply queue.
+    pub(super) fn name_for(queue: &str) -> String {
+        format!("requester:{queue}")
+    }
+}
+
+impl HealthContributor for RequesterHealth {
+    fn name(&self) -> String {
+        Self::name_for(self.0.queue())
+    }
+
+    fn report(&self) -> Result<HealthReport, String> {
+        let s = &self.0;
+        let report = match lock(&s.lost).clone() {
+            None => HealthReport::up(self.name()),
+            Some(reason) => HealthReport::degraded(self.name()).with_detail("reason", reason),
+        };
+        Ok(report
+            .with_detail("pending", s.pending() as u64)
+            .with_detail("answered", s.answered.load(Ordering::Relaxed))
+            .with_detail("timedOut", s.timed_out.load(Ordering::Relaxed))
+            .with_detail("unmatched", s.unmatched.load(Ordering::Relaxed)))
     }
 }
 
@@ -181,9 +215,17 @@ pub(super) async fn run(
                 if shared.engine.lifecycle.is_closed() {
                     break;
                 }
-                tracing::warn!(queue = %shared.decl.name, ended = ?ended.and_then(Result::err), "the reply subscription ended; subscribing again");
+                let ended = ended.and_then(Result::err);
+                tracing::warn!(queue = %shared.decl.name, ?ended, "the reply subscription ended; subscribing again");
+                *lock(&shared.lost) = Some(match ended {
+                    Some(e) => format!("the reply subscription ended ({e}); subscribing again"),
+                    None => "the reply subscription ended; subscribing again".to_owned(),
+                });
                 match resubscribe(&shared, &spec, &stop).await {
-                    Some(again) => subscription = again,
+                    Some(again) => {
+                        subscription = again;
+                        lock(&shared.lost).take();
+                    }
                     None => break,
                 }
             }

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::observe::{RequestOutcome, record, request_span};
-use super::replies::{Shared, run};
+use super::replies::{RequesterHealth, Shared, run};
 use super::{
     REPLY_PREFETCH, REPLY_QUEUE_EXPIRES_MS, REPLY_QUEUE_PREFIX, RequestError, simple_type_name,
 };
@@ -103,6 +103,7 @@ impl Requester {
             }
         };
         let shared = Arc::new(Shared::new(engine.clone(), decl));
+        engine.register_health(Arc::new(RequesterHealth(shared.clone())));
         let stop = CancellationToken::new();
         let task = tokio::spawn(run(shared.clone(), subscription, spec, stop.clone()));
         Ok(Requester {
@@ -246,6 +247,9 @@ impl Requester {
             let _ = task.await;
         }
         let shared = &self.inner.shared;
+        shared
+            .engine
+            .unregister_health(&RequesterHealth::name_for(shared.queue()));
         if shared.engine.lifecycle.is_closed() {
             return;
         }
