@@ -250,13 +250,8 @@ impl Transport for AmqpTransport {
             let queue = convert::name(&spec.queue)?;
             let tag = convert::name(&spec.consumer_tag)?;
             let arguments = convert::to_table(&spec.arguments)?;
-            let channel = self
-                .inner
-                .consume
-                .current()
-                .create_channel()
-                .await
-                .map_err(from_lapin)?;
+            let connection = self.inner.consume.current();
+            let channel = connection.create_channel().await.map_err(from_lapin)?;
             channel
                 .basic_qos(spec.prefetch, BasicQosOptions { global: false })
                 .await
@@ -269,7 +264,11 @@ impl Transport for AmqpTransport {
                 .basic_consume(queue, tag, options, arguments)
                 .await
                 .map_err(from_lapin)?;
-            Ok(Box::new(AmqpSubscription::new(channel, consumer)) as Box<dyn Subscription>)
+            Ok(Box::new(AmqpSubscription::new(
+                channel,
+                consumer,
+                connection.status().clone(),
+            )) as Box<dyn Subscription>)
         })
     }
 

@@ -17,6 +17,8 @@
 //!   handle): unsettled deliveries go back to the queue and their settlements fail with
 //!   [`TransportError::AckNotSent`].
 
+use std::time::Duration;
+
 use bytes::Bytes;
 use futures::StreamExt;
 use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicNackOptions, BasicRejectOptions};
@@ -82,9 +84,20 @@ fn on_channel(d: lapin::message::Delivery, channel: Option<lapin::ChannelStatus>
     }
 }
 
+/// How often a subscription waiting for its next delivery checks that its channel and
+/// connection are still open (see [`AmqpSubscription`]).
+const LIVENESS_CHECK: Duration = Duration::from_millis(500);
+
 /// A consumer on its own channel.
+///
+/// Its end is normally signalled by lapin's consumer stream ending. A forced close was seen
+/// (once in a drill of twenty) to leave the stream open after its connection had been
+/// recovered, so the consumer waited on a dead subscription; while waiting for a delivery
+/// the subscription also checks every [`LIVENESS_CHECK`] that its channel and connection
+/// are open, and ends itself (as the broker ending it) when either is not.
 pub(crate) struct AmqpSubscription {
     channel: Channel,
+    connection: lapin::ConnectionStatus,
     consumer: Consumer,
     tag: ShortString,
     ended: bool,
@@ -102,10 +115,15 @@ impl std::fmt::Debug for AmqpSubscription {
 }
 
 impl AmqpSubscription {
-    pub(crate) fn new(channel: Channel, consumer: Consumer) -> Self {
+    pub(crate) fn new(
+        channel: Channel,
+        consumer: Consumer,
+        connection: lapin::ConnectionStatus,
+    ) -> Self {
         let tag = consumer.tag();
         AmqpSubscription {
             channel,
+            connection,
             consumer,
             tag,
             ended: false,
@@ -121,7 +139,16 @@ impl Subscription for AmqpSubscription {
                 return None;
             }
             loop {
-                return match self.consumer.next().await {
+                let next = tokio::select! {
+                    biased;
+                    next = self.consumer.next() => next,
+                    () = gone(&self.channel, &self.connection) => {
+                        debug!(tag = %self.tag, "the subscription's channel or connection closed without ending its stream");
+                        self.ended = true;
+                        return None;
+                    }
+                };
+                return match next {
                     // lapin buffers deliveries; once their channel is gone they cannot be settled
                     // and the broker has already put them back: running them would only make a
                     // duplicate. Drop them.
@@ -180,5 +207,13 @@ impl Subscription for AmqpSubscription {
 
     fn cancelled_by_us(&self) -> bool {
         self.by_us
+    }
+}
+
+/// Resolves once `channel` or `connection` is no longer open, looking every
+/// [`LIVENESS_CHECK`] (polled only while no delivery is at hand).
+async fn gone(channel: &Channel, connection: &lapin::ConnectionStatus) {
+    while channel.status().connected() && connection.connected() {
+        tokio::time::sleep(LIVENESS_CHECK).await;
     }
 }
