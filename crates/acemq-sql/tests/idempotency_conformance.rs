@@ -303,10 +303,15 @@ async fn ids_are_case_sensitive_everywhere() {
 
 /// The PostgreSQL pool, when configured.
 async fn postgres_only() -> Option<SqlPool> {
-    support::databases()
+    let pool = support::databases()
         .await
         .into_iter()
-        .find_map(|(name, pool)| (name == "postgres").then_some(pool))
+        .find_map(|(name, pool)| (name == "postgres").then_some(pool));
+    assert!(
+        pool.is_some() || std::env::var("ACEMQ_TEST_REQUIRE_BROKER").as_deref() != Ok("1"),
+        "ACEMQ_TEST_REQUIRE_BROKER=1 but no PostgreSQL to run Java's DDL on: set ACEMQ_TEST_POSTGRES_URL"
+    );
+    pool
 }
 
 async fn exec_all(pool: &SqlPool, script: &str) {
