@@ -19,6 +19,7 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
+use crate::transport::SubscriptionProbe;
 use crate::util::lock;
 
 /// How long [`Connection::close`](crate::Connection::close) drains before closing (fits Kubernetes' default 30 s
@@ -43,6 +44,12 @@ pub(crate) struct ConsumerControl {
     pub(crate) done: watch::Receiver<bool>,
     /// What health reads about its progress (the consumer's stats).
     pub(crate) progress: Arc<dyn ReportsProgress>,
+    /// The current subscription's own word on whether it is consuming (set by the run
+    /// loop at each subscription): health asks it instead of trusting a flag.
+    pub(crate) probe: Mutex<Option<SubscriptionProbe>>,
+    /// What the broker-side check last found wrong (a stall, a detached consumer being
+    /// subscribed again); `None` when it found nothing.
+    pub(crate) audit: Mutex<Option<String>>,
 }
 
 /// Something that can say how a consumer is progressing, from local state only.
@@ -90,12 +97,65 @@ pub(crate) struct StoreOutage {
 }
 
 impl ConsumerControl {
+    /// A control for a consumer of `queue`, with nothing wrong yet.
+    pub(crate) fn new(
+        queue: Arc<str>,
+        stop: CancellationToken,
+        closing: CancellationToken,
+        done: watch::Receiver<bool>,
+        progress: Arc<dyn ReportsProgress>,
+    ) -> Self {
+        ConsumerControl {
+            queue,
+            ended: Mutex::new(None),
+            stop,
+            closing,
+            done,
+            progress,
+            probe: Mutex::new(None),
+            audit: Mutex::new(None),
+        }
+    }
+
     pub(crate) fn ended(&self, reason: Option<String>) {
         *lock(&self.ended) = reason;
     }
 
+    /// The subscription the consumer holds from now on (`None`: none).
+    pub(crate) fn subscribed(&self, probe: Option<SubscriptionProbe>) {
+        *lock(&self.probe) = probe;
+    }
+
+    /// What the broker-side check found (`None`: nothing wrong).
+    pub(crate) fn audited(&self, finding: Option<String>) {
+        *lock(&self.audit) = finding;
+    }
+
+    /// Whether the consumer's subscription says it is consuming (no subscription: no).
+    pub(crate) fn consuming(&self) -> bool {
+        lock(&self.probe)
+            .as_ref()
+            .is_some_and(SubscriptionProbe::is_live)
+    }
+
+    /// Why the consumer is not consuming as it should, if it is not: stopped on its own
+    /// (the run loop's reason), a subscription that is not live whatever the loop
+    /// believes, or what the broker-side check found.
     fn stopped(&self) -> Option<String> {
-        lock(&self.ended).clone()
+        if let Some(reason) = lock(&self.ended).clone() {
+            return Some(reason);
+        }
+        if *self.done.borrow() {
+            return None;
+        }
+        let subscribed = lock(&self.probe).clone();
+        if subscribed.as_ref().is_some_and(|p| !p.is_live()) {
+            return Some(
+                "its subscription is not consuming (its channel or connection is gone); subscribing again"
+                    .to_owned(),
+            );
+        }
+        lock(&self.audit).clone()
     }
 }
 

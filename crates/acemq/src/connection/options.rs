@@ -18,8 +18,8 @@ use crate::transport::recovery::RecoveryPolicy;
 /// shown by `rabbitmqctl list_connections` / the management UI as the connection name
 /// (`{name} (publish)` and `{name} (consume)`).
 ///
-/// Defaults: name `acemq`; 1,000 outstanding confirms; recovery on, redialling after 1 s
-/// doubling to 30 s, forever; connecting retries an unreachable broker for 30 s; a publish
+/// Defaults: name `acemq`; 1,000 outstanding confirms; recovery on, redialling after up to
+/// 50 ms doubling to 1.5 s, fully jittered, forever (see [`RecoveryPolicy`] for why); connecting retries an unreachable broker for 30 s; a publish
 /// while the connection is recovering is refused at once with an error of kind
 /// [`ErrorKind::Transient`](crate::error::ErrorKind) (nothing was sent, safe to send again)
 /// unless [`ConnectionOptions::publish_wait`] gives it time; confirms wait 30 s, then the

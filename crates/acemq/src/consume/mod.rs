@@ -16,6 +16,7 @@
 //! says why in [`MoveStatus::waiting_for_publish`]) instead of running handlers whose
 //! outcome cannot be carried out.
 
+mod audit;
 mod decide;
 mod handle;
 pub(crate) mod handler;
@@ -42,7 +43,10 @@ pub use decide::{
 pub use handler::HandlerError;
 pub use message::Message;
 pub use moves::{MOVE_RETRY_MAX, MoveStatus, SET_ASIDE_PAUSE};
-pub use options::{ConsumerOptions, DEFAULT_IN_PROGRESS_DELAY, DEFAULT_PREFETCH};
+pub use options::{
+    ConsumerOptions, DEFAULT_BROKER_CHECK, DEFAULT_IN_PROGRESS_DELAY, DEFAULT_PREFETCH,
+    DEFAULT_READY_STALL_AFTER,
+};
 pub use stats::{ConsumerStats, DEFAULT_STALL_AFTER};
 
 use crate::codec::Decoder;
@@ -171,20 +175,32 @@ where
     });
     let moves = ctx.settler.moves.clone();
     let (done_tx, done) = watch::channel(false);
-    let control = Arc::new(ConsumerControl {
-        queue: queue.clone(),
-        stop: stop.clone(),
+    let control = Arc::new(ConsumerControl::new(
+        queue.clone(),
+        stop.clone(),
         closing,
         done,
-        ended: std::sync::Mutex::new(None),
-        progress: stats.clone(),
-    });
+        stats.clone(),
+    ));
+    control.subscribed(Some(subscription.probe()));
     engine.lifecycle.register(control.clone());
     let watched = control.clone();
+    let (resubscribe_tx, resubscribe_rx) = watch::channel(0u64);
+    if let Some(every) = options.broker_check {
+        tokio::spawn(audit::run(
+            engine.clone(),
+            control.clone(),
+            every,
+            options.ready_stall_after,
+            resubscribe_tx,
+            stop.clone(),
+        ));
+    }
     let source = Source {
         transport: engine.transport.clone(),
         spec,
         control: control.clone(),
+        detached: resubscribe_rx,
     };
     tokio::spawn(async move {
         run(subscription, source, ctx, options.concurrency, stop).await;
@@ -212,35 +228,29 @@ fn consumer_tag(queue: &str) -> String {
     format!("{head}-{}", &suffix[..8])
 }
 
-/// How often an idle consumer checks that the broker still lists it.
-pub const WATCHDOG_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
-
-/// Resolves when the broker no longer lists any consumer of the queue (or the queue is
-/// gone) although our subscription is open: RabbitMQ 3.10 was seen to drop a quorum queue's
-/// consumer without a `basic.cancel` when the queue was deleted while being published to,
-/// which would leave this consumer silent forever. Checked every [`WATCHDOG_INTERVAL`]
-/// while the consumer waits for deliveries (a passive declare: no broker state changes).
-async fn watchdog(source: &Source) {
-    loop {
-        tokio::time::sleep(WATCHDOG_INTERVAL).await;
-        match source.transport.inspect_queue(&source.spec.queue).await {
-            Ok(info) if info.consumer_count == 0 => return,
-            Err(e) if e.is_not_found() => return,
-            _ => {}
-        }
-    }
-}
-
 /// Where a consumer's subscription comes from, to subscribe again after the broker ended it.
 struct Source {
     transport: Arc<dyn Transport>,
     spec: ConsumeSpec,
     control: Arc<ConsumerControl>,
+    /// Bumped by the broker-side check when the broker lists no consumer although the
+    /// subscription is open (see `audit`).
+    detached: watch::Receiver<u64>,
+}
+
+impl Source {
+    /// Resolves when the broker-side check asks for a new subscription.
+    async fn detached(&mut self) {
+        if self.detached.changed().await.is_err() {
+            // No check running: never.
+            std::future::pending::<()>().await;
+        }
+    }
 }
 
 async fn run<T, F, Fut>(
     mut subscription: Box<dyn Subscription>,
-    source: Source,
+    mut source: Source,
     ctx: Arc<Ctx<T, F>>,
     concurrency: usize,
     stop: CancellationToken,
@@ -278,7 +288,7 @@ async fn run<T, F, Fut>(
                     biased;
                     _ = stop.cancelled() => break,
                     d = subscription.next() => d,
-                    () = watchdog(&source) => Some(Err(TransportError::Closed {
+                    () = source.detached() => Some(Err(TransportError::Closed {
                         detail: "the broker lists no consumer of the queue although the subscription is open (a consumer cancel that never arrived)".into(),
                     })),
                 }
@@ -325,6 +335,7 @@ async fn run<T, F, Fut>(
                 handlers.wait().await;
                 handlers.reopen();
                 let _ = subscription.close().await;
+                source.control.subscribed(None);
                 source.control.ended(Some(reason));
                 match resubscribe(&source.transport, &source.spec, &stop, |why| {
                     source.control.ended(Some(why))
@@ -332,8 +343,12 @@ async fn run<T, F, Fut>(
                 .await
                 {
                     Some(again) => {
+                        source.control.subscribed(Some(again.probe()));
                         subscription = again;
                         source.control.ended(None);
+                        source.control.audited(None);
+                        // A request made before this subscription is answered by it.
+                        source.detached.mark_unchanged();
                     }
                     // Stopped (closed by the user) while waiting.
                     None => break,

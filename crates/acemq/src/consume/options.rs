@@ -11,6 +11,13 @@ use crate::retry::RetryPolicy;
 /// How long a delivery whose id is claimed elsewhere waits before it is republished.
 pub const DEFAULT_IN_PROGRESS_DELAY: Duration = Duration::from_secs(5);
 
+/// How often a consumer asks the broker about its queue by default
+/// ([`ConsumerOptions::broker_check`]).
+pub const DEFAULT_BROKER_CHECK: Duration = Duration::from_secs(30);
+/// How long ready messages may go undelivered before a consumer counts as stalled by
+/// default ([`ConsumerOptions::ready_stall_after`]).
+pub const DEFAULT_READY_STALL_AFTER: Duration = Duration::from_secs(60);
+
 /// The default prefetch window.
 pub const DEFAULT_PREFETCH: u16 = 50;
 
@@ -37,6 +44,8 @@ pub struct ConsumerOptions {
     pub(super) idempotency: Option<Arc<dyn IdempotencyStore>>,
     in_progress_delay: Duration,
     stall_after: Duration,
+    pub(super) broker_check: Option<Duration>,
+    pub(super) ready_stall_after: Duration,
 }
 
 impl std::fmt::Debug for ConsumerOptions {
@@ -52,6 +61,8 @@ impl std::fmt::Debug for ConsumerOptions {
             .field("idempotent", &self.idempotency.is_some())
             .field("in_progress_delay", &self.in_progress_delay)
             .field("stall_after", &self.stall_after)
+            .field("broker_check", &self.broker_check)
+            .field("ready_stall_after", &self.ready_stall_after)
             .finish()
     }
 }
@@ -66,6 +77,8 @@ impl Default for ConsumerOptions {
             idempotency: None,
             in_progress_delay: DEFAULT_IN_PROGRESS_DELAY,
             stall_after: DEFAULT_STALL_AFTER,
+            broker_check: Some(DEFAULT_BROKER_CHECK),
+            ready_stall_after: DEFAULT_READY_STALL_AFTER,
         }
     }
 }
@@ -130,6 +143,47 @@ impl ConsumerOptions {
     /// The configured [`ConsumerOptions::stall_after`].
     pub fn stall_threshold(&self) -> Duration {
         self.stall_after
+    }
+    /// How often the consumer asks the broker about its queue (default every 30 s;
+    /// `None` turns the check off): one passive declare on a side channel reads the
+    /// queue's consumer count and ready count. A queue the broker says has no consumer
+    /// while this consumer's subscription is open is **subscribed again** (logged,
+    /// counted in `acemq.consumer.resubscribed.total`, shown in health until it is
+    /// back); a queue with ready messages and no delivery to this consumer for
+    /// [`ConsumerOptions::ready_stall_after`] makes it `Degraded` with the reason.
+    ///
+    /// ```
+    /// use acemq::consume::ConsumerOptions;
+    /// use std::time::Duration;
+    /// let o = ConsumerOptions::default().broker_check(Some(Duration::from_secs(10)));
+    /// assert_eq!(o.broker_check_interval(), Some(Duration::from_secs(10)));
+    /// assert_eq!(ConsumerOptions::default().broker_check(None).broker_check_interval(), None);
+    /// ```
+    pub fn broker_check(mut self, every: Option<Duration>) -> Self {
+        self.broker_check = every.map(|d| d.max(Duration::from_millis(10)));
+        self
+    }
+    /// The configured [`ConsumerOptions::broker_check`].
+    pub fn broker_check_interval(&self) -> Option<Duration> {
+        self.broker_check
+    }
+    /// How long a queue may have ready messages while nothing is delivered to this
+    /// consumer before health calls it stalled (default 60 s; read by the broker check,
+    /// so noticed within one check interval after). Not while consuming is paused.
+    ///
+    /// ```
+    /// use acemq::consume::ConsumerOptions;
+    /// use std::time::Duration;
+    /// let o = ConsumerOptions::default().ready_stall_after(Duration::from_secs(120));
+    /// assert_eq!(o.ready_stall_threshold(), Duration::from_secs(120));
+    /// ```
+    pub fn ready_stall_after(mut self, quiet: Duration) -> Self {
+        self.ready_stall_after = quiet;
+        self
+    }
+    /// The configured [`ConsumerOptions::ready_stall_after`].
+    pub fn ready_stall_threshold(&self) -> Duration {
+        self.ready_stall_after
     }
     /// The former name of [`ConsumerOptions::in_progress_delay`].
     #[deprecated(since = "0.1.1", note = "use `ConsumerOptions::in_progress_delay`")]

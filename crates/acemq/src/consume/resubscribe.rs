@@ -4,7 +4,7 @@
 //!
 //! The consumer waits until the transport is connected, subscribes again with the same
 //! spec (queue, prefetch, the consumer's own stable tag), and on failure waits with
-//! backoff (100 ms doubling to 30 s, jittered) and tries again, for as long as the consumer
+//! backoff (up to 100 ms doubling to 5 s, fully jittered) and tries again, for as long as the consumer
 //! is not stopped. Meanwhile the consumer shows Degraded in health with the reason.
 
 use std::sync::Arc;
@@ -18,7 +18,7 @@ use crate::transport::{ConsumeSpec, Subscription, Transport, TransportStatus};
 
 /// The backoff between attempts to subscribe again.
 pub(crate) fn backoff() -> RecoveryPolicy {
-    RecoveryPolicy::default().delays(Duration::from_millis(100), Duration::from_secs(30))
+    RecoveryPolicy::default().delays(Duration::from_millis(100), Duration::from_secs(5))
 }
 
 /// Waits until `transport` is connected, calling `waiting` before each wait; `false` once

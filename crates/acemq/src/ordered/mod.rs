@@ -312,14 +312,13 @@ impl<T: DeserializeOwned + Send + 'static> OrderedQueue<T> {
         ));
         let (stop, closing) = (CancellationToken::new(), CancellationToken::new());
         let (done_tx, done) = watch::channel(false);
-        let control = Arc::new(ConsumerControl {
-            queue: Arc::from(self.name.as_str()),
-            stop: stop.clone(),
-            closing: closing.clone(),
+        let control = Arc::new(ConsumerControl::new(
+            Arc::from(self.name.as_str()),
+            stop.clone(),
+            closing.clone(),
             done,
-            ended: std::sync::Mutex::new(None),
-            progress: shared.clone(),
-        });
+            shared.clone(),
+        ));
         engine.lifecycle.register(control.clone());
         engine.register_health(Arc::new(OrderedHealth(shared.clone())));
         let ctx = Arc::new(run::Ctx {

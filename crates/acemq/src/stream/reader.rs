@@ -159,14 +159,13 @@ impl<T: Send + 'static, D: Decoder<T>> StreamReader<T, D> {
         let shared = Arc::new(Shared::default());
         let stop = CancellationToken::new();
         let (done_tx, done) = watch::channel(false);
-        let control = Arc::new(ConsumerControl {
-            queue: Arc::from(self.stream.as_str()),
-            ended: Mutex::new(None),
-            stop: stop.clone(),
-            closing: stop.clone(),
-            done: done.clone(),
-            progress: shared.clone(),
-        });
+        let control = Arc::new(ConsumerControl::new(
+            Arc::from(self.stream.as_str()),
+            stop.clone(),
+            stop.clone(),
+            done.clone(),
+            shared.clone(),
+        ));
         self.engine.lifecycle.register(control.clone());
         let run = Run {
             engine: self.engine.clone(),

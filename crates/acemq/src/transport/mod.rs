@@ -308,6 +308,45 @@ pub trait Subscription: Send {
     fn close(&mut self) -> BoxFuture<'_, Result<(), TransportError>>;
     /// Whether [`Subscription::cancel`] or [`Subscription::close`] ended it.
     fn cancelled_by_us(&self) -> bool;
+    /// A handle that answers, from any task and at any time, whether this subscription is
+    /// really consuming: its channel is open, on the transport's current connection (not
+    /// one that was lost and replaced since), and the broker answered its `consume-ok`.
+    /// Health reads it instead of trusting a flag set when the consumer subscribed. The
+    /// default says live for as long as the handle exists (a transport that cannot tell).
+    fn probe(&self) -> SubscriptionProbe {
+        SubscriptionProbe::new(|| true)
+    }
+}
+
+/// Whether one subscription is consuming now (see [`Subscription::probe`]). Cheap to
+/// clone and to ask (local state only).
+///
+/// ```
+/// use acemq::transport::SubscriptionProbe;
+/// let p = SubscriptionProbe::new(|| false);
+/// assert!(!p.is_live());
+/// ```
+#[derive(Clone)]
+pub struct SubscriptionProbe(Arc<dyn Fn() -> bool + Send + Sync>);
+
+impl SubscriptionProbe {
+    /// A probe asking `live`.
+    pub fn new(live: impl Fn() -> bool + Send + Sync + 'static) -> Self {
+        SubscriptionProbe(Arc::new(live))
+    }
+
+    /// Whether the subscription is consuming now.
+    pub fn is_live(&self) -> bool {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for SubscriptionProbe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SubscriptionProbe")
+            .field("live", &self.is_live())
+            .finish()
+    }
 }
 
 /// What passive inspection says about a queue.

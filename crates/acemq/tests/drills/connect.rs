@@ -3,9 +3,8 @@
 //!
 //! Every drill connection has a unique name (RabbitMQ lists `{name} (publish)` and
 //! `{name} (consume)`, so a drill finds its own connections and no one else's), recovers
-//! with short delays ([`REDIAL_INITIAL`] doubling to [`REDIAL_MAX`], forever) so a drill
-//! measures the library rather than the default backoff, and gives up connecting at startup
-//! after [`CONNECT_TIMEOUT`].
+//! with the library's default policy (what users get: the restart drill asserts its 2 s
+//! return), and gives up connecting at startup after [`CONNECT_TIMEOUT`].
 //!
 //! Shared by `crates/acemq/tests/drills.rs` and `crates/acemq-sql/tests/drills.rs` (the
 //! latter includes this file by path).
@@ -17,23 +16,19 @@ use acemq::Connection;
 use acemq::connection::ConnectionOptions;
 use acemq::transport::recovery::RecoveryPolicy;
 
-/// The first redial delay of a drill connection.
-pub const REDIAL_INITIAL: Duration = Duration::from_millis(200);
-/// The longest redial delay of a drill connection.
-pub const REDIAL_MAX: Duration = Duration::from_secs(2);
 /// How long connecting at startup retries an unreachable broker.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// The options every drill connection uses: named `name`, recovering with short delays.
+/// The options every drill connection uses: named `name`, recovering with the defaults.
 pub fn drill_options(name: &str) -> ConnectionOptions {
     ConnectionOptions::default()
         .name(name)
-        .recovery(RecoveryPolicy::default().delays(REDIAL_INITIAL, REDIAL_MAX))
+        .recovery(RecoveryPolicy::default())
         .connect_timeout(CONNECT_TIMEOUT)
 }
 
 /// Connects to `url` with the connection name `name` (RabbitMQ shows `{name} (publish)` and
-/// `{name} (consume)`), recovering with the drills' short delays.
+/// `{name} (consume)`), recovering with the default policy.
 pub async fn connect_named(url: &str, name: &str) -> Result<Connection, acemq::Error> {
     Connection::connect_with(url, drill_options(name)).await
 }

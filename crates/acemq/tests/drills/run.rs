@@ -46,6 +46,9 @@ pub const PUBLISH_INTERVAL: Duration = Duration::from_millis(5);
 pub const RETRY_PAUSE: Duration = Duration::from_millis(100);
 /// A publish attempt that has not answered by then counts as failed (in doubt).
 pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(45);
+/// How long `Connection::close` may take at the end of a drill: its own budget (the 20 s
+/// drain, then up to 5 s for running handlers) and a margin for closing the sockets.
+pub const CLOSE_BOUND: Duration = Duration::from_secs(30);
 /// How long the end of a drill may take (last confirm, draining the queue).
 pub const FINISH_BOUND: Duration = Duration::from_secs(60);
 
@@ -91,6 +94,8 @@ pub struct Drill {
     /// Set by the publisher loop while it waits, paused, with no publish in hand.
     parked: watch::Receiver<bool>,
     faults: u64,
+    /// The consumer's prefetch: the duplicate window per fault.
+    prefetch: u16,
     slowest: Option<Duration>,
     cleanup: Cleanup,
 }
@@ -104,6 +109,18 @@ impl Drill {
         mq: Connection,
         decl: QueueDecl,
         node: Option<String>,
+    ) -> Drill {
+        Self::start_with(label, mq, decl, node, PREFETCH, CONCURRENCY).await
+    }
+
+    /// [`Drill::start`] with the consumer's prefetch and concurrency of its own.
+    pub async fn start_with(
+        label: &str,
+        mq: Connection,
+        decl: QueueDecl,
+        node: Option<String>,
+        prefetch: u16,
+        concurrency: usize,
     ) -> Drill {
         let queue = decl.name.clone();
         let cleanup = Cleanup {
@@ -146,8 +163,8 @@ impl Drill {
             .consume(
                 &queue,
                 ConsumerOptions::default()
-                    .prefetch(PREFETCH)
-                    .concurrency(CONCURRENCY),
+                    .prefetch(prefetch)
+                    .concurrency(concurrency),
                 move |m: Message<Item>| {
                     books.handled(m.payload().id);
                     async { Ok::<(), acemq::consume::HandlerError>(()) }
@@ -216,6 +233,7 @@ impl Drill {
             paused,
             parked,
             faults: 0,
+            prefetch,
             slowest: None,
             cleanup,
         }
@@ -373,13 +391,14 @@ impl Drill {
         );
         assert_eq!(c.phantom, 0, "drill {}: handled ids never sent", self.label);
         assert_eq!(left, 0, "drill {}: messages left on the queue", self.label);
-        let window = u64::from(PREFETCH) * self.faults + c.sent.saturating_sub(c.confirmed);
+        let window = u64::from(self.prefetch) * self.faults + c.sent.saturating_sub(c.confirmed);
         assert!(
             c.duplicates <= window,
-            "drill {}: {} duplicates, above the window of {window} (prefetch {PREFETCH} × {} \
+            "drill {}: {} duplicates, above the window of {window} (prefetch {} × {} \
              faults + {} failed publish attempts)",
             self.label,
             c.duplicates,
+            self.prefetch,
             self.faults,
             c.sent.saturating_sub(c.confirmed)
         );
@@ -387,7 +406,17 @@ impl Drill {
             let _ = raw.delete_queue(q).await;
         }
         self.cleanup.armed = false;
-        let _ = tokio::time::timeout(Duration::from_secs(10), self.mq.close()).await;
+        let closing = Instant::now();
+        let closed = tokio::time::timeout(CLOSE_BOUND, self.mq.close()).await;
+        let took = closing.elapsed();
+        eprintln!("drill {}: close() took {}ms", self.label, took.as_millis());
+        assert!(
+            closed.is_ok(),
+            "drill {}: close() had not returned after {CLOSE_BOUND:?} (its budget: the drain, \
+             then {:?} for running handlers)",
+            self.label,
+            acemq::lifecycle::ABANDON_AFTER
+        );
         c
     }
 }

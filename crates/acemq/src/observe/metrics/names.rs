@@ -240,8 +240,18 @@ pub const ORDERED_TOTAL: &str = "acemq.ordered.total";
 /// name), `transport`.
 pub const ORDERED_HALTED: &str = "acemq.ordered.halted";
 
+/// Consumers subscribed again because the broker listed none while their subscription
+/// was open (counter; Rust only). Tags: `queue`, `transport`.
+pub const CONSUMER_RESUBSCRIBED_TOTAL: &str = "acemq.consumer.resubscribed.total";
+
 /// Metrics of this library only (not in the wire contract), described like the others.
 pub const RUST_ONLY_METRICS: &[MetricSpec] = &[
+    spec(
+        CONSUMER_RESUBSCRIBED_TOTAL,
+        Instrument::Counter,
+        &[TAG_QUEUE, TAG_TRANSPORT],
+        "AceMQ consumers subscribed again after the broker listed none",
+    ),
     spec(
         crate::transport::recovery::RECOVERY_TOTAL,
         Instrument::Counter,

@@ -16,6 +16,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use lapin::uri::AMQPUri;
 use lapin::{Connection, ConnectionProperties, Event};
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::debug;
 
@@ -35,6 +36,10 @@ pub(crate) struct Link {
     recovering: AtomicBool,
     /// Recovery stopped for good.
     gave_up: AtomicBool,
+    /// The connection generation: bumped the moment a loss is noticed. Channels,
+    /// subscriptions and deliveries remember the generation they were made in; anything
+    /// of an older one is dead, whatever lapin still says about it.
+    generation: watch::Sender<u64>,
 }
 
 impl std::fmt::Debug for Link {
@@ -53,7 +58,18 @@ impl Link {
             conn: RwLock::new(Arc::new(conn)),
             recovering: AtomicBool::new(false),
             gave_up: AtomicBool::new(false),
+            generation: watch::Sender::new(0),
         }
+    }
+
+    /// The current connection generation, to watch for its end.
+    pub(crate) fn generation(&self) -> watch::Receiver<u64> {
+        self.generation.subscribe()
+    }
+
+    /// Ends the current generation (a loss was noticed, or the transport closes).
+    pub(crate) fn end_generation(&self) {
+        self.generation.send_modify(|g| *g += 1);
     }
 
     /// The current connection.
@@ -331,6 +347,7 @@ async fn redial(
         link.replace(conn);
         if let Err(e) = s.after_reconnect(side).await {
             last_error = format!("reconnected, but declaring the topology again failed: {e}");
+            link.end_generation();
             let _ = link.current().close(200, "OK".into()).await;
             continue;
         }
@@ -358,6 +375,7 @@ impl Inner {
     fn lost(&self, side: Side, reason: String) {
         let link = self.link(side);
         link.recovering.store(true, Ordering::Release);
+        link.end_generation();
         if side == Side::Publish {
             // A new connection starts unblocked; a stale reason must not outlive the old one.
             self.status.send_modify(|s| s.blocked = None);

@@ -53,7 +53,8 @@ use self::errors::from_lapin;
 use self::link::{Dialer, Link, supervise};
 pub use self::options::{AmqpOptions, Credentials, TlsOptions};
 use self::publisher::Publisher;
-use self::subscription::AmqpSubscription;
+use self::subscription::{AmqpSubscription, Generation, bounded};
+use self::topology::timed;
 use super::recovery::{Declared, DeclaredTopology, Events, RecoveryEvent, Side};
 use super::{
     BoxFuture, ConsumeSpec, Delivery, Outbound, PendingConfirm, QueueInfo, Subscription, Transport,
@@ -250,24 +251,29 @@ impl Transport for AmqpTransport {
             let queue = convert::name(&spec.queue)?;
             let tag = convert::name(&spec.consumer_tag)?;
             let arguments = convert::to_table(&spec.arguments)?;
+            // The generation first: a connection lost from here on ends the attempt (and
+            // the subscription, should the consume-ok still arrive).
+            let generation = Generation::now(self.inner.consume.generation());
             let connection = self.inner.consume.current();
-            let channel = connection.create_channel().await.map_err(from_lapin)?;
-            channel
-                .basic_qos(spec.prefetch, BasicQosOptions { global: false })
-                .await
-                .map_err(from_lapin)?;
+            let channel = bounded(&generation, connection.create_channel(), "channel.open").await?;
+            let qos = channel.basic_qos(spec.prefetch, BasicQosOptions { global: false });
+            bounded(&generation, qos, "basic.qos").await?;
             let options = BasicConsumeOptions {
                 exclusive: spec.exclusive,
                 ..BasicConsumeOptions::default()
             };
-            let consumer = channel
-                .basic_consume(queue, tag, options, arguments)
-                .await
-                .map_err(from_lapin)?;
+            let consume = channel.basic_consume(queue, tag, options, arguments);
+            let consumer = bounded(&generation, consume, "basic.consume").await?;
+            if !generation.is_current() {
+                return Err(TransportError::NotConnected {
+                    detail: "the connection was lost right after basic.consume-ok".into(),
+                });
+            }
             Ok(Box::new(AmqpSubscription::new(
                 channel,
                 consumer,
                 connection.status().clone(),
+                generation,
             )) as Box<dyn Subscription>)
         })
     }
@@ -277,21 +283,20 @@ impl Transport for AmqpTransport {
         Box::pin(async move {
             let queue = queue?;
             let mut slot = self.inner.get_channel.lock().await;
+            let generation = Generation::now(self.inner.consume.generation());
             let healthy = slot.as_ref().is_some_and(|c| c.status().connected());
             if !healthy {
                 let conn = self.inner.consume.current();
-                *slot = Some(conn.create_channel().await.map_err(from_lapin)?);
+                *slot = Some(bounded(&generation, conn.create_channel(), "channel.open").await?);
             }
             let Some(ch) = slot.as_ref() else {
                 return Err(TransportError::Closed {
                     detail: "no basic.get channel".into(),
                 });
             };
-            let got = ch
-                .basic_get(queue, BasicGetOptions { no_ack: false })
-                .await
-                .map_err(from_lapin)?;
-            Ok(got.map(|m| subscription::delivery(m.delivery)))
+            let get = ch.basic_get(queue, BasicGetOptions { no_ack: false });
+            let got = bounded(&generation, get, "basic.get").await?;
+            Ok(got.map(|m| subscription::delivery(m.delivery, generation)))
         })
     }
 
@@ -355,9 +360,13 @@ impl Transport for AmqpTransport {
         Box::pin(async move {
             let name = name?;
             let ch = self.inner.checkout().await?;
-            let deleted = ch.queue_delete(name, QueueDeleteOptions::default()).await;
+            let deleted = timed(
+                ch.queue_delete(name, QueueDeleteOptions::default()),
+                "queue.delete",
+            )
+            .await;
             self.inner.checkin(ch);
-            let n = deleted.map_err(from_lapin)?;
+            let n = deleted?;
             self.inner.declared.forget_queue(&owned);
             Ok(n)
         })
@@ -369,11 +378,13 @@ impl Transport for AmqpTransport {
         Box::pin(async move {
             let name = name?;
             let ch = self.inner.checkout().await?;
-            let deleted = ch
-                .exchange_delete(name, ExchangeDeleteOptions::default())
-                .await;
+            let deleted = timed(
+                ch.exchange_delete(name, ExchangeDeleteOptions::default()),
+                "exchange.delete",
+            )
+            .await;
             self.inner.checkin(ch);
-            deleted.map_err(from_lapin)?;
+            deleted?;
             self.inner.declared.forget_exchange(&owned);
             Ok(())
         })
@@ -384,9 +395,13 @@ impl Transport for AmqpTransport {
         Box::pin(async move {
             let name = name?;
             let ch = self.inner.checkout().await?;
-            let purged = ch.queue_purge(name, QueuePurgeOptions::default()).await;
+            let purged = timed(
+                ch.queue_purge(name, QueuePurgeOptions::default()),
+                "queue.purge",
+            )
+            .await;
             self.inner.checkin(ch);
-            purged.map_err(from_lapin)
+            purged
         })
     }
 
@@ -430,6 +445,7 @@ impl Transport for AmqpTransport {
                 return Ok(());
             }
             inner.publisher.refuse().await;
+            inner.consume.end_generation();
             let mut first_error = None;
             for conn in [inner.publisher.link().current(), inner.consume.current()] {
                 if !conn.status().connected() {

@@ -34,7 +34,7 @@ pub struct AmqpOptions {
     /// The heartbeat to ask for, in seconds (`None`: the broker's, 60 s on RabbitMQ). A lost
     /// network with no close is noticed after about two heartbeats.
     pub heartbeat: Option<u16>,
-    /// How a lost connection is redialled (default: 1 s doubling to 30 s, forever).
+    /// How a lost connection is redialled (default: up to 50 ms doubling to 1.5 s, fully jittered, forever).
     pub recovery: RecoveryPolicy,
     /// How long connecting retries an unreachable broker before it fails (default 30 s).
     /// Refused credentials or an unknown vhost fail at once.

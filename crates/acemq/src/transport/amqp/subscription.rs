@@ -24,34 +24,89 @@ use futures::StreamExt;
 use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicNackOptions, BasicRejectOptions};
 use lapin::types::ShortString;
 use lapin::{Channel, Consumer};
+use tokio::sync::watch;
 use tracing::debug;
 
 use super::convert;
 use super::errors::from_lapin;
 use crate::transport::{
-    AckHandle, Acker, BoxFuture, Delivery, Settlement, Subscription, TransportError,
+    AckHandle, Acker, BoxFuture, Delivery, Settlement, Subscription, SubscriptionProbe,
+    TransportError,
 };
 
+/// How long a settlement may take to be written before it counts as not sent. lapin
+/// answers an ack once its frame is written; an ack queued on a connection that is dying
+/// was seen never to be answered, which stalled a consumer (and its close) for good.
+pub(crate) const SETTLE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The connection generation something was made in (see `Link::generation`): it is dead
+/// once the generation has moved on, whatever lapin still says about it.
+#[derive(Clone, Debug)]
+pub(crate) struct Generation {
+    rx: watch::Receiver<u64>,
+    mine: u64,
+}
+
+impl Generation {
+    /// The generation current now on `rx`.
+    pub(crate) fn now(rx: watch::Receiver<u64>) -> Self {
+        let mine = *rx.borrow();
+        Generation { rx, mine }
+    }
+
+    /// Whether it is still the current one.
+    pub(crate) fn is_current(&self) -> bool {
+        *self.rx.borrow() == self.mine
+    }
+
+    /// Resolves once it is not the current one any more (or the transport is gone).
+    pub(crate) async fn ended(&self) {
+        let mut rx = self.rx.clone();
+        let mine = self.mine;
+        let _ = rx.wait_for(|g| *g != mine).await;
+    }
+}
+
 /// Settles one delivery through lapin's acker (bound to the channel it arrived on).
-/// The channel's status tells whether a settlement can still be sent (`None` for
-/// `basic.get` deliveries, whose channel the transport replaces as needed).
-struct LapinAcker(lapin::Acker, Option<lapin::ChannelStatus>);
+/// The channel's status and the generation tell whether a settlement can still be sent
+/// (the channel status is `None` for `basic.get` deliveries, whose channel the transport
+/// replaces as needed).
+struct LapinAcker(lapin::Acker, Option<lapin::ChannelStatus>, Generation);
 
 impl AckHandle for LapinAcker {
     fn is_live(&self) -> bool {
-        self.1.as_ref().is_none_or(lapin::ChannelStatus::connected)
+        self.2.is_current() && self.1.as_ref().is_none_or(lapin::ChannelStatus::connected)
     }
 
     fn settle(&self, settlement: Settlement) -> BoxFuture<'static, Result<(), TransportError>> {
         let acker = self.0.clone();
+        let generation = self.2.clone();
+        let live = self.is_live();
         Box::pin(async move {
-            let sent = match settlement {
-                Settlement::Ack { multiple } => acker.ack(BasicAckOptions { multiple }).await,
-                Settlement::Nack { multiple, requeue } => {
-                    acker.nack(BasicNackOptions { multiple, requeue }).await
+            if !live {
+                return Err(TransportError::AckNotSent);
+            }
+            let send = async {
+                match settlement {
+                    Settlement::Ack { multiple } => acker.ack(BasicAckOptions { multiple }).await,
+                    Settlement::Nack { multiple, requeue } => {
+                        acker.nack(BasicNackOptions { multiple, requeue }).await
+                    }
+                    Settlement::Reject { requeue } => {
+                        acker.reject(BasicRejectOptions { requeue }).await
+                    }
                 }
-                Settlement::Reject { requeue } => {
-                    acker.reject(BasicRejectOptions { requeue }).await
+            };
+            let sent = tokio::select! {
+                biased;
+                sent = send => sent,
+                () = generation.ended() => {
+                    debug!("settlement not sent: its connection was lost meanwhile");
+                    return Err(TransportError::AckNotSent);
+                }
+                () = tokio::time::sleep(SETTLE_TIMEOUT) => {
+                    debug!("settlement not answered within {SETTLE_TIMEOUT:?}; counted as not sent");
+                    return Err(TransportError::AckNotSent);
                 }
             };
             match sent {
@@ -67,12 +122,16 @@ impl AckHandle for LapinAcker {
 }
 
 /// A lapin delivery as a transport [`Delivery`] (the body is moved, not copied).
-pub(crate) fn delivery(d: lapin::message::Delivery) -> Delivery {
-    on_channel(d, None)
+pub(crate) fn delivery(d: lapin::message::Delivery, generation: Generation) -> Delivery {
+    on_channel(d, None, generation)
 }
 
 /// A delivery of a subscription's channel: its acker knows when that channel is gone.
-fn on_channel(d: lapin::message::Delivery, channel: Option<lapin::ChannelStatus>) -> Delivery {
+fn on_channel(
+    d: lapin::message::Delivery,
+    channel: Option<lapin::ChannelStatus>,
+    generation: Generation,
+) -> Delivery {
     Delivery {
         delivery_tag: d.delivery_tag,
         properties: convert::from_basic(&d.properties),
@@ -80,7 +139,7 @@ fn on_channel(d: lapin::message::Delivery, channel: Option<lapin::ChannelStatus>
         routing_key: d.routing_key.into(),
         redelivered: d.redelivered,
         body: Bytes::from(d.data),
-        acker: Acker::new(LapinAcker(d.acker, channel)),
+        acker: Acker::new(LapinAcker(d.acker, channel, generation)),
     }
 }
 
@@ -98,6 +157,7 @@ const LIVENESS_CHECK: Duration = Duration::from_millis(500);
 pub(crate) struct AmqpSubscription {
     channel: Channel,
     connection: lapin::ConnectionStatus,
+    generation: Generation,
     consumer: Consumer,
     tag: ShortString,
     ended: bool,
@@ -119,11 +179,13 @@ impl AmqpSubscription {
         channel: Channel,
         consumer: Consumer,
         connection: lapin::ConnectionStatus,
+        generation: Generation,
     ) -> Self {
         let tag = consumer.tag();
         AmqpSubscription {
             channel,
             connection,
+            generation,
             consumer,
             tag,
             ended: false,
@@ -142,6 +204,11 @@ impl Subscription for AmqpSubscription {
                 let next = tokio::select! {
                     biased;
                     next = self.consumer.next() => next,
+                    () = self.generation.ended() => {
+                        debug!(tag = %self.tag, "the subscription's connection was lost");
+                        self.ended = true;
+                        return None;
+                    }
                     () = gone(&self.channel, &self.connection) => {
                         debug!(tag = %self.tag, "the subscription's channel or connection closed without ending its stream");
                         self.ended = true;
@@ -152,11 +219,17 @@ impl Subscription for AmqpSubscription {
                     // lapin buffers deliveries; once their channel is gone they cannot be settled
                     // and the broker has already put them back: running them would only make a
                     // duplicate. Drop them.
-                    Some(Ok(_)) if !self.channel.status().connected() => {
+                    Some(Ok(_))
+                        if !self.channel.status().connected() || !self.generation.is_current() =>
+                    {
                         debug!(tag = %self.tag, "dropping a delivery buffered before its channel closed");
                         continue;
                     }
-                    Some(Ok(d)) => Some(Ok(on_channel(d, Some(self.channel.status().clone())))),
+                    Some(Ok(d)) => Some(Ok(on_channel(
+                        d,
+                        Some(self.channel.status().clone()),
+                        self.generation.clone(),
+                    ))),
                     Some(Err(e)) => {
                         if !self.channel.status().connected() {
                             self.ended = true;
@@ -178,28 +251,25 @@ impl Subscription for AmqpSubscription {
     fn cancel(&mut self) -> BoxFuture<'_, Result<(), TransportError>> {
         Box::pin(async move {
             self.by_us = true;
-            if self.ended || !self.channel.status().connected() {
+            if self.ended || !self.live() {
                 return Ok(());
             }
-            self.channel
-                .basic_cancel(self.tag.clone(), BasicCancelOptions::default())
-                .await
-                .map_err(from_lapin)
+            let cancel = self
+                .channel
+                .basic_cancel(self.tag.clone(), BasicCancelOptions::default());
+            bounded(&self.generation, cancel, "basic.cancel").await
         })
     }
 
     fn close(&mut self) -> BoxFuture<'_, Result<(), TransportError>> {
         Box::pin(async move {
             self.by_us = true;
-            if !self.channel.status().connected() {
+            if !self.live() {
                 self.ended = true;
                 return Ok(());
             }
-            let closed = self
-                .channel
-                .close(200, "OK".into())
-                .await
-                .map_err(from_lapin);
+            let close = self.channel.close(200, "OK".into());
+            let closed = bounded(&self.generation, close, "channel.close").await;
             self.ended = true;
             closed
         })
@@ -207,6 +277,48 @@ impl Subscription for AmqpSubscription {
 
     fn cancelled_by_us(&self) -> bool {
         self.by_us
+    }
+
+    fn probe(&self) -> SubscriptionProbe {
+        let (channel, connection) = (self.channel.status().clone(), self.connection.clone());
+        let generation = self.generation.clone();
+        SubscriptionProbe::new(move || {
+            generation.is_current() && channel.connected() && connection.connected()
+        })
+    }
+}
+
+impl AmqpSubscription {
+    /// Its channel and connection are open and its generation is the current one.
+    fn live(&self) -> bool {
+        self.generation.is_current()
+            && self.channel.status().connected()
+            && self.connection.connected()
+    }
+}
+
+/// How long a channel operation of a subscription (cancel, close) or of subscribing may
+/// wait for the broker's answer.
+pub(crate) const CHANNEL_OP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Runs a lapin channel operation until it answers, its generation ends (a lost
+/// connection: [`TransportError::NotConnected`]) or [`CHANNEL_OP_TIMEOUT`] passes
+/// ([`TransportError::Closed`]): an operation on a connection that is dying was seen never
+/// to be answered.
+pub(crate) async fn bounded<T>(
+    generation: &Generation,
+    op: impl std::future::Future<Output = lapin::Result<T>>,
+    what: &str,
+) -> Result<T, TransportError> {
+    tokio::select! {
+        biased;
+        r = op => r.map_err(from_lapin),
+        () = generation.ended() => Err(TransportError::NotConnected {
+            detail: format!("the connection was lost during {what}"),
+        }),
+        () = tokio::time::sleep(CHANNEL_OP_TIMEOUT) => Err(TransportError::Closed {
+            detail: format!("no answer to {what} within {CHANNEL_OP_TIMEOUT:?}"),
+        }),
     }
 }
 

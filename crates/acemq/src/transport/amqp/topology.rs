@@ -9,6 +9,7 @@ use lapin::types::FieldTable;
 use tracing::{debug, warn};
 
 use super::errors::from_lapin;
+use super::subscription::CHANNEL_OP_TIMEOUT;
 use super::{IDLE_TOPOLOGY_CHANNELS, Inner, convert};
 use crate::topology::{BindingDecl, ExchangeDecl, ExchangeKind, QueueDecl};
 use crate::transport::recovery::Declared;
@@ -46,12 +47,7 @@ impl Inner {
         let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
         match idle {
             Some(ch) if ch.status().connected() => Ok(ch),
-            _ => self
-                .consume
-                .current()
-                .create_channel()
-                .await
-                .map_err(from_lapin),
+            _ => timed(self.consume.current().create_channel(), "channel.open").await,
         }
     }
 
@@ -77,20 +73,23 @@ impl Inner {
         let arguments = convert::to_table(&decl.arguments)?;
         let ch = self.checkout().await?;
         let done = if bind {
-            ch.queue_bind(
+            let op = ch.queue_bind(
                 queue,
                 exchange,
                 routing_key,
                 QueueBindOptions::default(),
                 arguments,
+            );
+            timed(op, "queue.bind").await
+        } else {
+            timed(
+                ch.queue_unbind(queue, exchange, routing_key, arguments),
+                "queue.unbind",
             )
             .await
-        } else {
-            ch.queue_unbind(queue, exchange, routing_key, arguments)
-                .await
         };
         self.checkin(ch);
-        done.map_err(from_lapin)
+        done
     }
 
     pub(super) async fn queue_op(
@@ -120,9 +119,9 @@ impl Inner {
             ),
         };
         let ch = self.checkout().await?;
-        let declared = ch.queue_declare(queue, options, arguments).await;
+        let declared = timed(ch.queue_declare(queue, options, arguments), "queue.declare").await;
         self.checkin(ch);
-        let q = declared.map_err(from_lapin)?;
+        let q = declared?;
         Ok(QueueInfo {
             name: q.name().as_str().to_owned(),
             message_count: q.message_count(),
@@ -161,10 +160,28 @@ impl Inner {
             ExchangeKind::Headers => lapin::ExchangeKind::Headers,
         };
         let ch = self.checkout().await?;
-        let declared = ch
-            .exchange_declare(exchange, kind, options, arguments)
-            .await;
+        let declared = timed(
+            ch.exchange_declare(exchange, kind, options, arguments),
+            "exchange.declare",
+        )
+        .await;
         self.checkin(ch);
-        declared.map_err(from_lapin)
+        declared
+    }
+}
+
+/// Runs one topology operation, waiting at most [`CHANNEL_OP_TIMEOUT`] for the broker's
+/// answer ([`TransportError::Closed`] then): an operation on a connection that died
+/// while it was under way was seen never to be answered, which would hold up a
+/// re-declaration after recovery (and the recovery with it) for good.
+pub(super) async fn timed<T>(
+    op: impl std::future::Future<Output = lapin::Result<T>>,
+    what: &str,
+) -> Result<T, TransportError> {
+    match tokio::time::timeout(CHANNEL_OP_TIMEOUT, op).await {
+        Ok(r) => r.map_err(from_lapin),
+        Err(_) => Err(TransportError::Closed {
+            detail: format!("no answer to {what} within {CHANNEL_OP_TIMEOUT:?}"),
+        }),
     }
 }

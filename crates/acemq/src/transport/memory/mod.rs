@@ -151,6 +151,8 @@ pub(crate) struct Inner {
     policy: std::sync::Mutex<RecoveryPolicy>,
     declared: DeclaredTopology,
     events: Events,
+    /// The fault of `lose_connection_after_next_consume`, armed.
+    after_consume: std::sync::Mutex<Option<std::time::Duration>>,
 }
 
 /// Opens one connection to `broker`, reporting through `status`.
@@ -197,11 +199,12 @@ impl MemoryTransport {
                 policy: std::sync::Mutex::new(RecoveryPolicy::default()),
                 declared: DeclaredTopology::default(),
                 events: Events::new(crate::observe::TRANSPORT_MEMORY),
+                after_consume: std::sync::Mutex::new(None),
             }),
         }
     }
 
-    /// Sets how a lost connection is redialled (default: 1 s doubling to 30 s, forever).
+    /// Sets how a lost connection is redialled (default: up to 50 ms doubling to 1.5 s, fully jittered, forever).
     ///
     /// ```
     /// use acemq::transport::memory::MemoryTransport;
@@ -322,6 +325,9 @@ impl Transport for MemoryTransport {
             .map(|(channel, rx, closed)| -> Box<dyn Subscription> {
                 Box::new(MemorySubscription::new(conn, channel, rx, closed))
             });
+        if r.is_ok() {
+            recover::after_consume(&self.inner);
+        }
         ready(r)
     }
 

@@ -41,7 +41,60 @@ impl MemoryTransport {
     /// Loses the connection (a fault for tests): see the module docs. Recovery starts at
     /// once unless the policy disables it.
     pub fn drop_connection(&self, reason: &str) {
-        let inner = &self.inner;
+        drop_connection(&self.inner, reason);
+    }
+
+    /// Loses the connection `delay` after the next subscription's `consume-ok` (a fault
+    /// for tests: the moment a recovered consumer has just subscribed again, before or
+    /// during its first deliveries). One shot; `drop_connection` semantics.
+    ///
+    /// ```
+    /// # #[cfg(feature = "testing")]
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// use std::time::Duration;
+    /// use acemq::topology::QueueDecl;
+    /// use acemq::transport::{ConsumeSpec, Transport, memory::MemoryTransport};
+    /// let t = MemoryTransport::connect("doc-after-consume");
+    /// t.declare_queue(&QueueDecl::classic("q")).await.unwrap();
+    /// t.lose_connection_after_next_consume(Duration::from_millis(40));
+    /// let _sub = t.consume(ConsumeSpec::new("q", 10)).await.unwrap();
+    /// assert!(t.status().connected);
+    /// tokio::time::sleep(Duration::from_millis(41)).await;
+    /// assert!(!t.status().connected);
+    /// # }
+    /// ```
+    pub fn lose_connection_after_next_consume(&self, delay: std::time::Duration) {
+        *self
+            .inner
+            .after_consume
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(delay);
+    }
+}
+
+/// Arms the one-shot fault of [`MemoryTransport::lose_connection_after_next_consume`], if
+/// set: called after each successful `consume`.
+pub(super) fn after_consume(inner: &Arc<Inner>) {
+    let delay = inner
+        .after_consume
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take();
+    if let Some(delay) = delay {
+        let weak = Arc::downgrade(inner);
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            if let Some(inner) = weak.upgrade() {
+                drop_connection(&inner, "injected: lost after a consume-ok");
+            }
+        });
+    }
+}
+
+/// See [`MemoryTransport::drop_connection`].
+fn drop_connection(inner: &Arc<Inner>, reason: &str) {
+    {
         if inner.closed.load(Ordering::Acquire) || inner.recovering.swap(true, Ordering::AcqRel) {
             return;
         }

@@ -16,7 +16,8 @@ use super::broker::MemoryBroker;
 use super::dispatch::Pending;
 use crate::headers::HeaderValue;
 use crate::transport::{
-    AckHandle, Acker, BoxFuture, Delivery, Settlement, Subscription, TransportError,
+    AckHandle, Acker, BoxFuture, Delivery, Settlement, Subscription, SubscriptionProbe,
+    TransportError,
 };
 
 /// Settles one delivery of one memory channel.
@@ -141,6 +142,15 @@ impl Subscription for MemorySubscription {
 
     fn cancelled_by_us(&self) -> bool {
         self.by_us
+    }
+
+    /// Live while its channel and its connection are open (a recovered transport opens a
+    /// new connection: one that was lost never comes back).
+    fn probe(&self) -> SubscriptionProbe {
+        let (conn, closed) = (self.conn.clone(), self.closed.clone());
+        SubscriptionProbe::new(move || {
+            !closed.load(Ordering::Acquire) && !conn.closed.load(Ordering::Acquire)
+        })
     }
 }
 
