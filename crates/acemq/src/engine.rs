@@ -287,6 +287,9 @@ impl Engine {
         if lifecycle.consuming_paused() {
             extra.push(("consuming", "paused".into()));
         }
+        if lifecycle.draining() {
+            extra.push(("draining", true.into()));
+        }
         if self.publishing_paused() {
             extra.push(("publishing", "paused".into()));
         }
@@ -329,6 +332,7 @@ impl Engine {
     /// Pauses consuming and waits for running handlers; `false` when `timeout` passed first.
     pub(crate) async fn drain_consumers(&self, timeout: Duration) -> bool {
         self.lifecycle.set_paused(true);
+        self.lifecycle.set_draining();
         self.lifecycle.wait_idle(timeout).await
     }
 

@@ -167,6 +167,8 @@ pub(crate) struct Lifecycle {
     held: AtomicUsize,
     idle: Notify,
     closed: AtomicBool,
+    /// A drain or a close is under way (health says so; readiness is off).
+    draining: AtomicBool,
     consumers: Mutex<Vec<Arc<ConsumerControl>>>,
 }
 
@@ -174,6 +176,7 @@ impl Default for Lifecycle {
     fn default() -> Self {
         Lifecycle {
             paused: watch::Sender::new(false),
+            draining: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
             held: AtomicUsize::new(0),
             idle: Notify::new(),
@@ -248,6 +251,19 @@ impl Lifecycle {
 
     pub(crate) fn set_paused(&self, paused: bool) {
         self.paused.send_replace(paused);
+        if !paused {
+            self.draining.store(false, Ordering::SeqCst);
+        }
+    }
+
+    /// Marks a drain (or close) under way; a resume ends it.
+    pub(crate) fn set_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether a drain or a close is under way.
+    pub(crate) fn draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
     }
 
     /// Waits until no handler runs; `false` when `timeout` passes first.
@@ -294,6 +310,7 @@ impl Lifecycle {
     /// to `grace` for the consumers to finish. Returns whether they all did.
     pub(crate) async fn shut_consumers(&self, grace: Duration) -> bool {
         self.closed.store(true, Ordering::SeqCst);
+        self.draining.store(true, Ordering::SeqCst);
         let controls = self.controls();
         for c in &controls {
             c.stop.cancel();

@@ -11,7 +11,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 
 use super::info::InfoDoc;
-use super::{HEALTH_PATH, INFO_PATH, METRICS_PATH, PROMETHEUS_CONTENT_TYPE, prometheus};
+use super::{
+    HEALTH_PATH, INFO_PATH, LIVENESS_PATH, METRICS_PATH, PROMETHEUS_CONTENT_TYPE, READINESS_PATH,
+    prometheus,
+};
 use crate::health::{COMPONENT, Health, HealthReport, panic_text};
 
 pub(super) type HealthFn = Arc<dyn Fn() -> Health + Send + Sync>;
@@ -31,6 +34,8 @@ pub(super) struct Endpoints {
 pub(super) fn routes(state: Arc<Endpoints>) -> Router {
     Router::new()
         .route(HEALTH_PATH, get(health_endpoint))
+        .route(LIVENESS_PATH, get(health_endpoint))
+        .route(READINESS_PATH, get(readiness_endpoint))
         .route(METRICS_PATH, get(metrics_endpoint))
         .route(INFO_PATH, get(info_endpoint))
         .with_state(state)
@@ -42,7 +47,7 @@ pub(super) async fn not_found() -> Response {
         StatusCode::NOT_FOUND,
         [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
         format!(
-            "not found; the AceMQ actuator serves {HEALTH_PATH}, {METRICS_PATH} and {INFO_PATH}\n"
+            "not found; the AceMQ actuator serves {HEALTH_PATH} ({LIVENESS_PATH}, {READINESS_PATH}), {METRICS_PATH} and {INFO_PATH}\n"
         ),
     )
         .into_response()
@@ -86,6 +91,25 @@ async fn health_endpoint(State(e): State<Arc<Endpoints>>) -> Response {
         (code, HealthAnswer::Unknown) => {
             (code, axum::Json(serde_json::json!({"status": "UNKNOWN"}))).into_response()
         }
+    }
+}
+
+/// The health document, 503 unless ready ([`Health::is_ready`]); no source is not ready.
+async fn readiness_endpoint(State(e): State<Arc<Endpoints>>) -> Response {
+    match health_answer(&e) {
+        (_, HealthAnswer::Known(health)) => {
+            let code = if health.is_ready() {
+                StatusCode::OK
+            } else {
+                StatusCode::SERVICE_UNAVAILABLE
+            };
+            (code, axum::Json(health)).into_response()
+        }
+        (_, HealthAnswer::Unknown) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(serde_json::json!({"status": "UNKNOWN"})),
+        )
+            .into_response(),
     }
 }
 

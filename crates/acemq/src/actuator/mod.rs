@@ -30,6 +30,11 @@ pub const DEFAULT_BIND: SocketAddr = SocketAddr::new(
 pub const DEFAULT_PORT: u16 = 9464;
 /// The health path.
 pub const HEALTH_PATH: &str = "/acemq-health";
+/// The liveness view of health: 503 only when `Down` (a restart would help).
+pub const LIVENESS_PATH: &str = "/acemq-health/liveness";
+/// The readiness view of health: 503 unless every component is `Up` and consuming is
+/// neither paused nor draining ([`crate::health::Health::is_ready`]).
+pub const READINESS_PATH: &str = "/acemq-health/readiness";
 /// The Prometheus metrics path.
 pub const METRICS_PATH: &str = "/acemq-metrics";
 /// The info path.

@@ -250,6 +250,30 @@ impl Health {
         self.status == HealthStatus::Down
     }
 
+    /// Whether the service should get traffic now (a Kubernetes readiness probe): every
+    /// component `Up`, and neither paused nor draining. So not ready while a connection is
+    /// recovering, a consumer is detached, stalled or subscribing again, an idempotency
+    /// store does not answer, or consuming is paused or draining (`details.consuming`
+    /// `"paused"` / `details.draining` `true` of the `acemq` component). Liveness is
+    /// [`Health::is_down`]: a restart helps only then.
+    ///
+    /// ```
+    /// use acemq::health::{Health, HealthReport};
+    /// let up = Health::from_reports(vec![HealthReport::up("acemq")]);
+    /// assert!(up.is_ready());
+    /// let paused = Health::from_reports(vec![HealthReport::up("acemq").with_detail("consuming", "paused")]);
+    /// assert!(!paused.is_ready());
+    /// let recovering = Health::from_reports(vec![HealthReport::degraded("acemq")]);
+    /// assert!(!recovering.is_ready() && !recovering.is_down());
+    /// ```
+    pub fn is_ready(&self) -> bool {
+        self.reports.iter().all(|r| {
+            r.status == HealthStatus::Up
+                && r.detail("consuming") != Some("paused")
+                && !matches!(r.detail_value("draining"), Some(DetailValue::Bool(true)))
+        })
+    }
+
     /// The actuator's JSON document (wire contract §9, the Java member's shape):
     ///
     /// ```json
