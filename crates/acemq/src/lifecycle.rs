@@ -151,7 +151,7 @@ impl ConsumerControl {
         let subscribed = lock(&self.probe).clone();
         if subscribed.as_ref().is_some_and(|p| !p.is_live()) {
             return Some(
-                "its subscription is not consuming (its channel or connection is gone); subscribing again"
+                "the broker ended the subscription (its channel or connection is gone); subscribing again"
                     .to_owned(),
             );
         }
