@@ -10,6 +10,7 @@
 //! * a broker cancel of the consumer (as when a queue's node goes down);
 //! * a silent detach (the broker forgets the consumer and says nothing, as RabbitMQ 3.10
 //!   was seen to do), which only the broker-side check can notice;
+//!
 //! while another connection publishes a steady stream of numbered, confirmed messages.
 //!
 //! After the last step: the broker must list exactly one consumer of the queue within
