@@ -166,6 +166,7 @@ impl<T: Send + 'static, D: Decoder<T>> StreamReader<T, D> {
             done.clone(),
             shared.clone(),
         ));
+        control.subscribed(Some(subscription.probe()));
         self.engine.lifecycle.register(control.clone());
         let run = Run {
             engine: self.engine.clone(),
@@ -370,8 +371,9 @@ where
             tracing::debug!(%stream, %reason, "stream reader waiting to subscribe again");
         })
         .await;
-        if sub.is_some() {
+        if let Some(s) = &sub {
             self.shared.resubscribed.fetch_add(1, Ordering::Relaxed);
+            self.control.subscribed(Some(s.probe()));
         }
         sub
     }

@@ -1,7 +1,8 @@
 //! The stream resume drill (issue 15): a reader's consuming connection is closed by the
 //! broker 650 entries into 1,000; the reader subscribes again from its position (just after
 //! the newest settled entry, or at the oldest delivered-but-unsettled one) and the books
-//! must show no entry lost and none repeated beyond the unsettled window (the prefetch).
+//! must show no entry lost and at most the entry in the handler at the close repeated
+//! (offset tracking skips what was handled; not a prefetch window of repeats).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -98,7 +99,11 @@ pub async fn run(mq: &Connection, name: &str, node: Option<String>) -> String {
         .expect("delete the stream");
     assert_eq!(counts.lost, 0, "{line}");
     assert_eq!(counts.phantom, 0, "{line}");
-    assert!(counts.duplicates <= u64::from(PREFETCH), "{line}");
+    // What offset tracking guarantees: entries run one at a time, the reader resumes from
+    // its position and skips what it handled (the floor), so only the entry whose handler
+    // was running at the close could run twice — and not even that one, as its handler
+    // finishes before the new subscription delivers it. Not a prefetch window.
+    assert!(counts.duplicates <= 1, "{line}");
     assert!(
         reader.resubscriptions() >= 1,
         "the close was not noticed: {line}"
