@@ -504,9 +504,13 @@ async fn a_connection_closed_by_the_broker_reports_disconnected() {
     };
     // Find our consuming connection by its unique name and close it from the broker side.
     let name = support::unique("amqp-kill");
+    // Recovery off: with the default policy the connection is back within milliseconds,
+    // faster than a poll can see it gone (tests/recovery.rs covers the recovery).
     let t2 = AmqpTransport::connect_with(
         &support::amqp_url().expect("url"),
-        AmqpOptions::default().connection_name(&name),
+        AmqpOptions::default()
+            .connection_name(&name)
+            .recovery(acemq::transport::recovery::RecoveryPolicy::disabled()),
     )
     .await
     .expect("connect");

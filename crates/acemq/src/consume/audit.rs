@@ -14,8 +14,9 @@
 //!   (not while consuming is paused): `Degraded` with the reason, e.g. "12400 ready, no
 //!   delivery for 64 s".
 //!
-//! The check changes nothing on the broker, and a check that fails (connection down,
-//! queue gone) leaves the verdict to the run loop, which sees those itself.
+//! The check changes nothing on the broker. A queue that is gone while the subscription
+//! says it consumes counts as detached; any other failed check (connection down, a
+//! timeout) leaves the verdict to the run loop, which sees those itself.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -26,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 use crate::engine::Engine;
 use crate::lifecycle::ConsumerControl;
 use crate::observe::metrics::{CONSUMER_RESUBSCRIBED_TOTAL, TAG_QUEUE, TAG_TRANSPORT};
+use crate::transport::QueueInfo;
 
 /// How long one check may wait for the broker's answer.
 const CHECK_TIMEOUT: Duration = Duration::from_secs(10);
@@ -94,8 +96,17 @@ pub(crate) async fn run(
             _ = stop.cancelled() => return,
             r = tokio::time::timeout(CHECK_TIMEOUT, engine.transport.inspect_queue(&queue)) => r,
         };
-        let Ok(Ok(info)) = info else {
-            continue;
+        let info = match info {
+            Ok(Ok(info)) => info,
+            // The queue is gone although the subscription says it consumes (RabbitMQ 3.10
+            // was seen to drop a deleted quorum queue's consumer without a cancel): a new
+            // subscription waits for the queue to be declared again.
+            Ok(Err(e)) if e.is_not_found() && control.consuming() => QueueInfo {
+                name: queue.to_string(),
+                message_count: 0,
+                consumer_count: 0,
+            },
+            _ => continue,
         };
         let quiet = match control.progress.progress().last_delivery {
             Some(at) => SystemTime::now().duration_since(at).unwrap_or_default(),
