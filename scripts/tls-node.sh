@@ -7,7 +7,7 @@
 #   scripts/tls-node.sh status   exit 0 only when the node runs
 #
 # Ports (127.0.0.1): amqps 5691 (verify_peer, fail_if_no_peer_cert), plain AMQP 5690,
-# Erlang distribution 25690. The system node (rabbit@localhost on 5672) and the drill
+# Erlang distribution 25690, and 5692 (openssl s_server with the X.509 v1 certificate). The system node (rabbit@localhost on 5672) and the drill
 # cluster (r1..r3 on 5681..5683) are never touched: every rabbitmqctl call names tls@localhost.
 #
 # Certificates, written by openssl into $ACEMQ_TLS_DIR/certs (default /tmp/acemq-tls/certs),
@@ -18,7 +18,9 @@
 #   rogue-ca.pem             another CA the server does not trust
 #   rogue-client.pem/.key    a client certificate signed by the rogue CA (refused by the server)
 #   v1.pem, v1.key           an X.509 v1 server certificate (no extensions), signed by ca.pem,
-#                            presented by the node to clients that ask for v1.acemq.test (SNI)
+#                            presented by `openssl s_server` on 127.0.0.1:5692 (the negative
+#                            case; Erlang 25's sni_hosts, which would let the node present it,
+#                            crashes TLS 1.3 handshakes whose SNI does not match)
 #
 # The node runs as the rabbitmq user with HOME=/var/lib/rabbitmq (the system node's Erlang
 # cookie, so rabbitmqctl -n tls@localhost works). Needs root (or the rabbitmq user); on
@@ -35,6 +37,7 @@ NODE=tls@localhost
 AMQPS_PORT=5691
 AMQP_PORT=5690
 DIST_PORT=25690
+V1_PORT=5692
 RABBIT_HOME=/var/lib/rabbitmq
 SERVER=/usr/lib/rabbitmq/bin/rabbitmq-server
 
@@ -139,8 +142,8 @@ cmd_start() {
     echo "$NODE already running (amqps://127.0.0.1:$AMQPS_PORT, certificates in $BASE/certs)"
     return
   fi
-  if ss -ltn "( sport = :$AMQPS_PORT or sport = :$AMQP_PORT or sport = :$DIST_PORT )" | grep -q LISTEN; then
-    die "port $AMQPS_PORT, $AMQP_PORT or $DIST_PORT is taken by another process"
+  if ss -ltn "( sport = :$AMQPS_PORT or sport = :$AMQP_PORT or sport = :$DIST_PORT or sport = :$V1_PORT )" | grep -q LISTEN; then
+    die "port $AMQPS_PORT, $AMQP_PORT, $DIST_PORT or $V1_PORT is taken by another process"
   fi
   rm -rf "$BASE"
   mkdir -p "$dir/mnesia" "$dir/log"
@@ -156,11 +159,7 @@ ssl_options.keyfile = $c/server.key
 ssl_options.verify = verify_peer
 ssl_options.fail_if_no_peer_cert = true
 EOF
-  # sni_hosts is passed to Erlang's ssl as is: a client asking for v1.acemq.test is shown
-  # the X.509 v1 certificate (the drill's negative case).
-  cat >"$dir/advanced.config" <<EOF
-[{rabbit, [{ssl_options, [{sni_hosts, [{"v1.acemq.test", [{certfile, "$c/v1.pem"}, {keyfile, "$c/v1.key"}]}]}]}]}].
-EOF
+  echo '[].' >"$dir/advanced.config"
   echo '[].' >"$dir/enabled_plugins"
   cat >"$dir/rabbitmq-env.conf" <<EOF
 NODENAME=$NODE
@@ -194,12 +193,31 @@ EOF
     [ "$(date +%s)" -lt "$deadline" ] || die "$NODE runs but does not listen on $AMQPS_PORT (logs in $dir/log)"
     sleep 1
   done
+  start_v1_server
   echo "$NODE up in $(($(date +%s) - start))s: amqps://guest:guest@127.0.0.1:$AMQPS_PORT/%2f," \
     "certificates in $c"
 }
 
+# The X.509 v1 certificate's TLS endpoint (a handshake is all the drill asks of it).
+start_v1_server() {
+  local c="$BASE/certs" deadline=$(($(date +%s) + 30))
+  setsid openssl s_server -accept "127.0.0.1:$V1_PORT" -cert "$c/v1.pem" -key "$c/v1.key" \
+    -quiet </dev/null >"$BASE/v1-server.log" 2>&1 &
+  echo $! >"$BASE/v1-server.pid"
+  until ss -ltn "( sport = :$V1_PORT )" | grep -q LISTEN; do
+    [ "$(date +%s)" -lt "$deadline" ] || die "openssl s_server did not listen on $V1_PORT (see $BASE/v1-server.log)"
+    sleep 0.2
+  done
+}
+
 cmd_stop() {
   local dir="$BASE/node" pid
+  if [ -f "$BASE/v1-server.pid" ]; then
+    pid="$(cat "$BASE/v1-server.pid" 2>/dev/null || true)"
+    if [ -n "$pid" ] && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q "s_server -accept 127.0.0.1:$V1_PORT"; then
+      kill "$pid" 2>/dev/null || true
+    fi
+  fi
   if node_up; then
     echo "stopping $NODE"
     if [ -f "$dir/pid" ]; then
