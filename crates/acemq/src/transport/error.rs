@@ -123,7 +123,6 @@ pub enum TransportError {
     /// use acemq::transport::{TlsFailure, TransportError};
     /// let e = TransportError::Tls {
     ///     address: "127.0.0.1:5671".into(),
-    ///     server_name: "127.0.0.1".into(),
     ///     failure: TlsFailure::UnknownCa,
     ///     detail: "invalid peer certificate: UnknownIssuer".into(),
     /// };
@@ -135,8 +134,6 @@ pub enum TransportError {
     Tls {
         /// The broker's `host:port`.
         address: String,
-        /// The name the server's certificate was verified against.
-        server_name: String,
         /// What went wrong.
         failure: TlsFailure,
         /// The TLS library's own text.
@@ -202,14 +199,9 @@ impl std::fmt::Display for TransportError {
             TransportError::Io { detail, .. } => write!(f, "I/O error: {detail}"),
             TransportError::Tls {
                 address,
-                server_name,
                 failure,
                 detail,
-            } => {
-                write!(f, "TLS handshake with {address} failed: ")?;
-                failure.explain(f, server_name)?;
-                write!(f, " ({detail})")
-            }
+            } => write!(f, "TLS handshake with {address} failed: {failure} ({detail})"),
         }
     }
 }
@@ -316,16 +308,15 @@ pub enum TlsFailure {
     Other,
 }
 
-impl TlsFailure {
-    /// The cause and what to do about it, in words.
-    fn explain(self, f: &mut std::fmt::Formatter<'_>, server_name: &str) -> std::fmt::Result {
+/// The cause and what to do about it, in words.
+impl std::fmt::Display for TlsFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             TlsFailure::UnknownCa => f.write_str(
                 "the server's certificate is not signed by a trusted CA (add the CA with TlsOptions::ca_bundle_pem, or install it in the system's trust store)",
             ),
-            TlsFailure::NameMismatch => write!(
-                f,
-                "the server's certificate is not valid for the name {server_name:?} (connecting by IP or through a load balancer: set the name on the certificate with TlsOptions::server_name)"
+            TlsFailure::NameMismatch => f.write_str(
+                "the server's certificate is not valid for the name verified, the URL's host unless TlsOptions::server_name gives another (connecting by IP or through a load balancer: set the name on the certificate with TlsOptions::server_name)",
             ),
             TlsFailure::Expired => f.write_str(
                 "the server's certificate has expired or is not valid yet (renew it, or check the clocks)",
@@ -449,6 +440,14 @@ mod tests {
             (
                 TransportError::io(std::io::Error::other("reset")),
                 ErrorKind::Transient,
+            ),
+            (
+                TransportError::Tls {
+                    address: d(),
+                    failure: TlsFailure::NameMismatch,
+                    detail: d(),
+                },
+                ErrorKind::Refused,
             ),
         ]
     }

@@ -167,11 +167,9 @@ impl Dialer {
             .server_name
             .clone()
             .unwrap_or_else(|| uri.authority.host.clone());
-        tls::connect(uri, properties, connector, server_name.clone())
+        tls::connect(uri, properties, connector, server_name)
             .await
-            .map_err(|e| {
-                tls::classify(&e, &host_port, &server_name).unwrap_or_else(|| from_lapin(e))
-            })
+            .map_err(|e| tls::classify(&e, &host_port).unwrap_or_else(|| from_lapin(e)))
     }
 
     /// Opens a connection for `side`, retrying an unreachable broker for up to `budget`;

@@ -146,15 +146,10 @@ pub(crate) fn failure_of(error: &rustls::Error) -> TlsFailure {
 }
 
 /// A [`TransportError::Tls`] when `error` is a TLS failure with `address`, else `None`.
-pub(crate) fn classify(
-    error: &lapin::Error,
-    address: &str,
-    server_name: &str,
-) -> Option<TransportError> {
+pub(crate) fn classify(error: &lapin::Error, address: &str) -> Option<TransportError> {
     let rustls = find_rustls(error)?;
     Some(TransportError::Tls {
         address: address.to_owned(),
-        server_name: server_name.to_owned(),
         failure: failure_of(rustls),
         detail: rustls.to_string(),
     })
@@ -210,8 +205,7 @@ mod tests {
             ),
         ];
         for (rustls_error, failure, phrase) in cases {
-            let e = classify(&lapin_io(rustls_error), "127.0.0.1:5671", "127.0.0.1")
-                .expect("a TLS error");
+            let e = classify(&lapin_io(rustls_error), "127.0.0.1:5671").expect("a TLS error");
             let text = e.to_string();
             assert!(
                 matches!(&e, TransportError::Tls { failure: f, .. } if *f == failure),
@@ -230,7 +224,7 @@ mod tests {
     #[test]
     fn a_plain_io_error_is_not_a_tls_failure() {
         let e = lapin::Error::from(io::Error::from(io::ErrorKind::ConnectionRefused));
-        assert!(classify(&e, "127.0.0.1:5671", "localhost").is_none());
+        assert!(classify(&e, "127.0.0.1:5671").is_none());
     }
 
     #[test]
