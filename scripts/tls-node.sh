@@ -139,6 +139,7 @@ cmd_start() {
   deadline=$((start + TIMEOUT))
   ensure_tools
   if node_up; then
+    ss -ltn "( sport = :$V1_PORT )" | grep -q LISTEN || start_v1_server
     echo "$NODE already running (amqps://127.0.0.1:$AMQPS_PORT, certificates in $BASE/certs)"
     return
   fi

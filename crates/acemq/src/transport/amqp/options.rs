@@ -41,7 +41,7 @@ pub struct AmqpOptions {
     pub connect_timeout: Duration,
     /// Where the user name and password come from (default: the URL).
     pub credentials: Credentials,
-    /// TLS settings for `amqps://` (a private CA, a client certificate).
+    /// TLS settings for `amqps://` (a private CA, a client certificate, the server name).
     pub tls: TlsOptions,
     /// How long a publish waits for a connection that is recovering before it is refused
     /// with [`TransportError::NotConnected`](crate::transport::TransportError::NotConnected) (nothing sent). Default zero: refused at once.
