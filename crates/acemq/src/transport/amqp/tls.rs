@@ -238,4 +238,47 @@ mod tests {
         let e = connector(&bad_client).expect_err("no client key");
         assert!(matches!(e, TransportError::Config { .. }), "{e:?}");
     }
+
+    /// The whole dial, no broker needed: `amqps://` to a port that answers in plain AMQP
+    /// (what RabbitMQ's 5672 does to a TLS ClientHello) fails at once with `NotTls`, not
+    /// after the connect timeout as "could not reach the broker".
+    #[tokio::test]
+    async fn amqps_to_a_plain_port_fails_at_once_naming_the_cause() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("local addr").port();
+        let server = tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let mut hello = [0u8; 64];
+                let _ = socket.read(&mut hello).await;
+                let _ = socket.write_all(b"AMQP\x00\x00\x09\x01").await;
+            }
+        });
+        let options = super::super::AmqpOptions::default()
+            .connect_timeout(std::time::Duration::from_secs(20));
+        let t0 = std::time::Instant::now();
+        let url = format!("amqps://guest:guest@127.0.0.1:{port}/%2f");
+        let e = super::super::AmqpTransport::connect_with(&url, options)
+            .await
+            .expect_err("not a TLS port");
+        let took = t0.elapsed();
+        server.abort();
+        assert!(
+            matches!(
+                &e,
+                TransportError::Tls {
+                    failure: TlsFailure::NotTls,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains(&format!("127.0.0.1:{port}")), "{e}");
+        assert!(
+            took < std::time::Duration::from_secs(2),
+            "took {took:?}: {e}"
+        );
+    }
 }
