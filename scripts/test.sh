@@ -10,7 +10,8 @@
 #      the examples/ that need no services, on memory://
 #   6. one at a time: those tests, then the recovery drills (issue 10), which stop the
 #      broker, force-close connections and start a local 3-node cluster
-#      (scripts/cluster.sh); a trap restores the broker whatever happens
+#      (scripts/cluster.sh) and a TLS node (scripts/tls-node.sh); a trap restores the
+#      broker and stops both whatever happens
 #
 # Stops at the first failure. Works from any directory. Extra arguments go to
 # `cargo test`, e.g. `scripts/test.sh -- --nocapture`.
@@ -121,15 +122,16 @@ done
 
 # --- drills: one at a time, after the parallel tests (issue 10) -------------------------
 # Put the broker back whatever happens: the app running, the watermark at 0.4, the local
-# cluster gone. Only ever started/changed on the nodes the drills use.
+# cluster and the TLS node gone. Only ever started/changed on the nodes the drills use.
 restore_broker() {
   local rc=$?
-  echo "test.sh: restoring the broker (start_app, watermark 0.4, cluster stop)" >&2
+  echo "test.sh: restoring the broker (start_app, watermark 0.4, cluster and TLS node stop)" >&2
   rabbitmqctl -q start_app >/dev/null 2>&1 || echo "test.sh: rabbitmqctl start_app failed" >&2
   rabbitmqctl -q await_startup --timeout 60 >/dev/null 2>&1 || true
   rabbitmqctl -q set_vm_memory_high_watermark 0.4 >/dev/null 2>&1 ||
     echo "test.sh: rabbitmqctl set_vm_memory_high_watermark 0.4 failed" >&2
   scripts/cluster.sh stop >/dev/null 2>&1 || echo "test.sh: scripts/cluster.sh stop failed" >&2
+  scripts/tls-node.sh stop >/dev/null 2>&1 || echo "test.sh: scripts/tls-node.sh stop failed" >&2
   return "$rc"
 }
 
@@ -180,8 +182,15 @@ else
   scripts/cluster.sh start
   DRILL_TIMES+=("$(printf '%5ss  %s' $((SECONDS - drills_start)) "scripts/cluster.sh start")")
 
+  # The TLS drill's node (its own name and ports, certificates generated into a temp dir).
+  step "drills: TLS node (scripts/tls-node.sh start)"
+  tls_start=$SECONDS
+  scripts/tls-node.sh start
+  DRILL_TIMES+=("$(printf '%5ss  %s' $((SECONDS - tls_start)) "scripts/tls-node.sh start")")
+
   # acemq: forced closes, stop_app/start_app, a network cut, a deleted queue, cluster
-  # failover; acemq-sql: the outbox relay across a broker restart.
+  # failover, TLS (mutual, forced closes, refusals); acemq-sql: the outbox relay across a
+  # broker restart.
   run_drills acemq
   run_drills acemq-sql
 

@@ -9,7 +9,8 @@
 //! Each restores what it changed even when it fails (drop guards). They reach the broker of
 //! `ACEMQ_DRILL_AMQP_URL` (else `ACEMQ_TEST_AMQP_URL`), whose node `rabbitmqctl` addresses
 //! with `-n $ACEMQ_DRILL_NODE` when set (e.g. `r1@localhost` of `scripts/cluster.sh`, to
-//! drill away from a shared broker). The failover drill uses `scripts/cluster.sh`.
+//! drill away from a shared broker). The failover drill uses `scripts/cluster.sh`, the TLS
+//! drill the node of `scripts/tls-node.sh`.
 //!
 //! Not ignored (they disturb nothing but their own connections): the proxy's own test, the
 //! ledger's, a no-fault run of the harness on `memory://` and RabbitMQ, and closing this
@@ -26,6 +27,7 @@ mod drills {
     pub mod resources;
     pub mod run;
     pub mod stream;
+    pub mod tls;
 }
 
 use std::time::{Duration, Instant};
@@ -530,4 +532,114 @@ async fn drill_stream_resumes_after_a_close() {
     let mq = connect_named(&target.url, &name).await.unwrap();
     drills::stream::run(&mq, &name, target.node.clone()).await;
     mq.close().await.unwrap();
+}
+
+/// (g) TLS as users deploy it, on RabbitMQ's own TLS listener (`scripts/tls-node.sh`:
+/// `verify_peer`, `fail_if_no_peer_cert`): a private CA and mutual TLS, connecting by IP with
+/// the server name given apart; publishing and consuming; this process's connections
+/// force-closed by name (3 times) and recovered over TLS (confirmed publishes and handled
+/// deliveries again). Then the refusals users meet, each failing at once (under 2 s, not
+/// after the 20 s connect timeout) with a [`TransportError::Tls`] naming its cause: a CA
+/// that is not trusted, a name not on the certificate, a client certificate of another CA,
+/// no client certificate (all on the node), and an X.509 v1 server certificate (on the
+/// script's `openssl s_server`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "drill: needs scripts/tls-node.sh's node; run one at a time by scripts/test.sh's drill step"]
+async fn drill_tls_mutual_forced_close_and_refusals() {
+    use acemq::connection::ConnectionOptions;
+    use acemq::transport::{TlsFailure, TransportError};
+    use drills::connect::drill_options;
+    use drills::tls::{AMQP_URL, AMQPS_URL, NODE, SERVER_NAME, TlsNode, V1_URL};
+
+    let Some(node) = TlsNode::from_env() else {
+        return;
+    };
+    let name = drill_name("tls");
+    let options = drill_options(&name).tls(node.mutual().server_name(SERVER_NAME));
+    let mq = Connection::connect_with(AMQPS_URL, options)
+        .await
+        .unwrap_or_else(|e| panic!("mutual TLS to {AMQPS_URL} (server name {SERVER_NAME}): {e}"));
+    let q = support::unique("drill.tls");
+    let mut d = Drill::start("tls", mq, QueueDecl::quorum(&q), Some(NODE.to_owned())).await;
+    d.wait_flowing(200).await;
+    for round in 1..=3 {
+        let closed = close_our_connections_async(Some(NODE.to_owned()), name.clone(), "drill")
+            .await
+            .expect("rabbitmqctl close_connection");
+        assert!(
+            closed >= 1,
+            "round {round}: none of our TLS connections was found to close"
+        );
+        d.fault();
+        d.await_recovery(Instant::now(), &format!("forced close {round} over TLS"))
+            .await;
+        d.wait_flowing(50).await;
+    }
+    d.finish(&raw(AMQP_URL, &name).await).await;
+
+    let refusals: [(&str, &str, ConnectionOptions, TlsFailure, &str); 5] = [
+        (
+            "CA not trusted",
+            AMQPS_URL,
+            drill_options(&name).tls(node.without_ca()),
+            TlsFailure::UnknownCa,
+            "not signed by a trusted CA",
+        ),
+        (
+            "name not on the certificate",
+            AMQPS_URL,
+            drill_options(&name).tls(node.mutual().server_name("other.acemq.test")),
+            TlsFailure::NameMismatch,
+            "not valid for name \"other.acemq.test\"",
+        ),
+        (
+            "X.509 v1 server certificate",
+            V1_URL,
+            drill_options(&name).tls(node.mutual()),
+            TlsFailure::UnsupportedCertificate,
+            "X.509 v1",
+        ),
+        (
+            "client certificate of another CA",
+            AMQPS_URL,
+            drill_options(&name).tls(node.rogue_client()),
+            TlsFailure::ClientCertificateRefused,
+            "refused the client certificate",
+        ),
+        (
+            "no client certificate",
+            AMQPS_URL,
+            drill_options(&name).tls(node.no_client_certificate()),
+            TlsFailure::ClientCertificateRefused,
+            "refused the client certificate",
+        ),
+    ];
+    for (case, url, options, expected, phrase) in refusals {
+        let t0 = Instant::now();
+        let result = Connection::connect_with(url, options).await;
+        let took = t0.elapsed();
+        let e = match result {
+            Ok(_) => panic!("TLS refusal {case:?}: connected"),
+            Err(e) => e,
+        };
+        let text = e.to_string();
+        eprintln!(
+            "drill tls: refusal {case:?} failed in {}ms: {text}",
+            took.as_millis()
+        );
+        assert!(
+            matches!(&e, acemq::Error::Transport(TransportError::Tls { failure, .. }) if *failure == expected),
+            "TLS refusal {case:?}: expected {expected:?}, got {e:?}"
+        );
+        assert!(text.contains(phrase), "TLS refusal {case:?}: {text}");
+        let (_, host_port, _) = split_url(url);
+        assert!(text.contains(&host_port), "TLS refusal {case:?}: {text}");
+        assert!(
+            took < Duration::from_secs(2),
+            "TLS refusal {case:?} took {took:?}: {text}"
+        );
+    }
+    // Nothing of ours is left on the node.
+    let left = our_connections(Some(NODE), &name).expect("rabbitmqctl list_connections");
+    assert!(left.is_empty(), "connections left on {NODE}: {left:?}");
 }

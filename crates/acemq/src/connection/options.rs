@@ -144,7 +144,15 @@ impl ConnectionOptions {
         self
     }
 
-    /// TLS for `amqps://` (a private CA bundle, a client certificate).
+    /// TLS for `amqps://` (a private CA bundle, a client certificate, the server name to
+    /// verify).
+    ///
+    /// ```
+    /// use acemq::connection::ConnectionOptions;
+    /// use acemq::transport::amqp::TlsOptions;
+    /// let o = ConnectionOptions::default().tls(TlsOptions::default().server_name("rabbit.internal"));
+    /// # drop(o);
+    /// ```
     pub fn tls(mut self, tls: crate::transport::amqp::TlsOptions) -> Self {
         self.transport.amqp = self.transport.amqp.tls(tls);
         self
@@ -154,7 +162,8 @@ impl ConnectionOptions {
     /// `ACEMQ_HEARTBEAT` (seconds), `ACEMQ_ADDRESSES` (more URLs, comma-separated),
     /// `ACEMQ_CONNECT_TIMEOUT` (seconds), `ACEMQ_USER` with `ACEMQ_PASSWORD` or
     /// `ACEMQ_PASSWORD_FILE`, `ACEMQ_TLS_CA_FILE`, `ACEMQ_TLS_CERT_FILE` with
-    /// `ACEMQ_TLS_KEY_FILE`. A variable that is set but unusable is an error naming it
+    /// `ACEMQ_TLS_KEY_FILE`, `ACEMQ_TLS_SERVER_NAME` (the name the broker's certificate is
+    /// verified against, when it is not the URL's host). A variable that is set but unusable is an error naming it
     /// (never its value).
     ///
     /// ```
@@ -238,6 +247,10 @@ impl ConnectionOptions {
                     "set both ACEMQ_TLS_CERT_FILE and ACEMQ_TLS_KEY_FILE, or neither".into(),
                 ));
             }
+        }
+        if let Some(name) = var("ACEMQ_TLS_SERVER_NAME").filter(|n| !n.trim().is_empty()) {
+            tls = tls.server_name(name.trim());
+            any_tls = true;
         }
         if any_tls {
             o = o.tls(tls);

@@ -113,6 +113,32 @@ pub enum TransportError {
         /// Text.
         detail: String,
     },
+    /// The TLS handshake with the broker failed: its certificate is not trusted or not for
+    /// the name verified, or it refused the client certificate. Retrying cannot help (the
+    /// certificates or [`TlsOptions`](crate::transport::amqp::TlsOptions) must change), so
+    /// connecting fails at once instead of retrying until the connect timeout.
+    ///
+    /// ```
+    /// use acemq::error::ErrorKind;
+    /// use acemq::transport::{TlsFailure, TransportError};
+    /// let e = TransportError::Tls {
+    ///     address: "127.0.0.1:5671".into(),
+    ///     failure: TlsFailure::UnknownCa,
+    ///     detail: "invalid peer certificate: UnknownIssuer".into(),
+    /// };
+    /// assert!(e.to_string().starts_with(
+    ///     "TLS handshake with 127.0.0.1:5671 failed: the server's certificate is not signed by a trusted CA"
+    /// ));
+    /// assert_eq!(e.kind(), ErrorKind::Refused);
+    /// ```
+    Tls {
+        /// The broker's `host:port`.
+        address: String,
+        /// What went wrong.
+        failure: TlsFailure,
+        /// The TLS library's own text.
+        detail: String,
+    },
     /// A network or I/O failure (or another failure of the client library underneath).
     Io {
         /// What failed, as text.
@@ -171,6 +197,11 @@ impl std::fmt::Display for TransportError {
             TransportError::Unsupported(what) => write!(f, "not supported: {what}"),
             TransportError::Protocol { code, detail } => write!(f, "AMQP error {code}: {detail}"),
             TransportError::Io { detail, .. } => write!(f, "I/O error: {detail}"),
+            TransportError::Tls {
+                address,
+                failure,
+                detail,
+            } => write!(f, "TLS handshake with {address} failed: {failure} ({detail})"),
         }
     }
 }
@@ -231,7 +262,8 @@ impl TransportError {
             TransportError::NotFound { .. }
             | TransportError::PreconditionFailed { .. }
             | TransportError::AccessRefused { .. }
-            | TransportError::ResourceLocked { .. } => ErrorKind::Refused,
+            | TransportError::ResourceLocked { .. }
+            | TransportError::Tls { .. } => ErrorKind::Refused,
             TransportError::Blocked { .. }
             | TransportError::AckNotSent
             | TransportError::Closed { .. }
@@ -245,6 +277,60 @@ impl TransportError {
                 ErrorKind::InDoubt
             }
             TransportError::Protocol { code, .. } => protocol_kind(*code),
+        }
+    }
+}
+
+/// Why a TLS handshake failed ([`TransportError::Tls`]).
+///
+/// ```
+/// use acemq::transport::TlsFailure;
+/// assert_ne!(TlsFailure::UnknownCa, TlsFailure::NameMismatch);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TlsFailure {
+    /// The server's certificate is not signed by a CA this client trusts.
+    UnknownCa,
+    /// The server's certificate is not valid for the name verified (connecting by IP, or
+    /// through a load balancer, with a certificate for another name).
+    NameMismatch,
+    /// The server's certificate has expired or is not valid yet.
+    Expired,
+    /// The server's certificate cannot be used: an X.509 v1 certificate (no extensions), or
+    /// one that does not parse.
+    UnsupportedCertificate,
+    /// The server refused the client certificate, or required one that was not presented.
+    ClientCertificateRefused,
+    /// The other end does not speak TLS (an `amqps://` URL on a plain AMQP port).
+    NotTls,
+    /// Another TLS failure; the detail says which.
+    Other,
+}
+
+/// The cause and what to do about it, in words.
+impl std::fmt::Display for TlsFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TlsFailure::UnknownCa => f.write_str(
+                "the server's certificate is not signed by a trusted CA (add the CA with TlsOptions::ca_bundle_pem, or install it in the system's trust store)",
+            ),
+            TlsFailure::NameMismatch => f.write_str(
+                "the server's certificate is not valid for the name verified, the URL's host unless TlsOptions::server_name gives another (connecting by IP or through a load balancer: set the name on the certificate with TlsOptions::server_name)",
+            ),
+            TlsFailure::Expired => f.write_str(
+                "the server's certificate has expired or is not valid yet (renew it, or check the clocks)",
+            ),
+            TlsFailure::UnsupportedCertificate => f.write_str(
+                "the server's certificate cannot be used; an X.509 v1 certificate (no extensions, so no subjectAltName) is refused: issue an X.509 v3 certificate with a subjectAltName",
+            ),
+            TlsFailure::ClientCertificateRefused => f.write_str(
+                "the server refused the client certificate or required one (present a certificate signed by a CA the server trusts with TlsOptions::client_certificate_pem)",
+            ),
+            TlsFailure::NotTls => f.write_str(
+                "the other end did not answer in TLS; is the port a TLS listener? (amqps:// is usually 5671, amqp:// 5672)",
+            ),
+            TlsFailure::Other => f.write_str("the TLS library refused the connection"),
         }
     }
 }
@@ -354,6 +440,14 @@ mod tests {
             (
                 TransportError::io(std::io::Error::other("reset")),
                 ErrorKind::Transient,
+            ),
+            (
+                TransportError::Tls {
+                    address: d(),
+                    failure: TlsFailure::NameMismatch,
+                    detail: d(),
+                },
+                ErrorKind::Refused,
             ),
         ]
     }

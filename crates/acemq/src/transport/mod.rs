@@ -36,7 +36,7 @@ use bytes::Bytes;
 use tokio::sync::{broadcast, watch};
 
 pub(crate) use self::error::check_short;
-pub use self::error::{Source, TransportError};
+pub use self::error::{Source, TlsFailure, TransportError};
 pub use self::frame::{DEFAULT_FRAME_MAX, HEADER_MARGIN, header_frame_size};
 use crate::headers::Headers;
 use crate::topology::{BindingDecl, ExchangeDecl, QueueDecl};

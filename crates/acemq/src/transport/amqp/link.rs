@@ -14,13 +14,14 @@ use std::sync::{Arc, RwLock, Weak};
 use std::time::Duration;
 
 use futures::StreamExt;
-use lapin::uri::AMQPUri;
+use lapin::uri::{AMQPScheme, AMQPUri};
 use lapin::{Connection, ConnectionProperties, Event};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::debug;
 
 use super::errors::from_lapin;
+use super::tls;
 use super::{AmqpOptions, Credentials, Inner, TlsOptions};
 use crate::transport::TransportError;
 use crate::transport::recovery::{RecoveryEvent, RecoveryPolicy, Side, redact};
@@ -101,6 +102,8 @@ pub(crate) struct Dialer {
     heartbeat: Option<u16>,
     credentials: Credentials,
     tls: TlsOptions,
+    /// Built on the first `amqps://` dial, then shared (rustls can resume sessions).
+    connector: std::sync::OnceLock<Result<lapin::tcp::RustlsConnector, TransportError>>,
 }
 
 impl Dialer {
@@ -114,6 +117,7 @@ impl Dialer {
             heartbeat: options.heartbeat,
             credentials: options.credentials.clone(),
             tls: options.tls.clone(),
+            connector: std::sync::OnceLock::new(),
         }
     }
 
@@ -151,16 +155,37 @@ impl Dialer {
         let address = self.next_address();
         let name = format!("{} ({})", self.name, side.as_str());
         let properties = ConnectionProperties::default().with_connection_name(name.into());
-        let opened = match (self.uri(&address), lapin::runtime::default_runtime()) {
-            (Ok(uri), Ok(runtime)) => {
-                Connection::connect_uri_with_config(uri, properties, self.tls.lapin(), runtime)
-                    .await
-                    .map_err(from_lapin)
-            }
-            (Err(e), _) => Err(e),
-            (_, Err(e)) => Err(from_lapin(e)),
+        let opened = match self.uri(&address) {
+            Ok(uri) if uri.scheme == AMQPScheme::AMQPS => self.dial_tls(uri, properties).await,
+            Ok(uri) => Connection::connect_uri(uri, properties)
+                .await
+                .map_err(from_lapin),
+            Err(e) => Err(e),
         };
         (redact(&address), opened)
+    }
+
+    /// Opens an `amqps://` connection through our rustls connector, verifying
+    /// [`TlsOptions::server_name`] (or the URL's host); a handshake failure becomes
+    /// [`TransportError::Tls`].
+    async fn dial_tls(
+        &self,
+        uri: AMQPUri,
+        properties: ConnectionProperties,
+    ) -> Result<Connection, TransportError> {
+        let connector = self
+            .connector
+            .get_or_init(|| tls::connector(&self.tls))
+            .clone()?;
+        let host_port = format!("{}:{}", uri.authority.host, uri.authority.port);
+        let server_name = self
+            .tls
+            .server_name
+            .clone()
+            .unwrap_or_else(|| uri.authority.host.clone());
+        tls::connect(uri, properties, connector, server_name)
+            .await
+            .map_err(|e| tls::classify(&e, &host_port).unwrap_or_else(|| from_lapin(e)))
     }
 
     /// Opens a connection for `side`, retrying an unreachable broker for up to `budget`;
@@ -197,11 +222,14 @@ impl Dialer {
 }
 
 /// Whether a dial error will not pass by retrying: the broker refused the credentials
-/// (403) or the vhost (530 NOT_ALLOWED).
+/// (403) or the vhost (530 NOT_ALLOWED), the TLS handshake failed (a certificate that is
+/// not trusted or not for the name, a client certificate refused), or the configuration
+/// cannot be used.
 pub(crate) fn permanent(e: &TransportError) -> bool {
     matches!(
         e,
         TransportError::AccessRefused { .. }
+            | TransportError::Tls { .. }
             | TransportError::Protocol { code: 530, .. }
             | TransportError::Config { .. }
     ) || e.to_string().contains("ACCESS_REFUSED")
@@ -333,7 +361,11 @@ async fn redial(
         let (address, opened) = s.dialer.dial(side).await;
         let conn = match opened {
             Ok(c) => c,
-            Err(e) if permanent(&e) => {
+            // A TLS failure while recovering keeps being retried (and reported in each
+            // `Retrying` event): a node that came back with a certificate being rotated
+            // or a load balancer mid-change is fixed on the server side, and a service
+            // that gave up would need a restart. At startup it fails at once.
+            Err(e) if permanent(&e) && !matches!(e, TransportError::Tls { .. }) => {
                 s.gave_up(side, format!("the broker refused the connection: {e}"));
                 return None;
             }

@@ -22,7 +22,9 @@
 //!   connection (a 404 or 406 closes only its own channel, which is then dropped);
 //! * `options`: names, timeouts, addresses, heartbeat, recovery, credentials, TLS;
 //! * `convert`: properties and header tables, lossless and panic-free;
-//! * `errors`: lapin errors by AMQP reply code.
+//! * `errors`: lapin errors by AMQP reply code;
+//! * `tls`: the rustls connector, the TCP + TLS dial (the name verified may differ from the
+//!   URL's host), TLS handshake failures sorted by cause.
 //!
 //! Connecting needs a tokio runtime (lapin's `tokio` feature); `amqp://` and `amqps://` URLs
 //! are accepted (TLS through rustls with the ring provider).
@@ -34,6 +36,7 @@ mod options;
 mod publisher;
 mod returns;
 mod subscription;
+mod tls;
 mod topology;
 
 use std::sync::Arc;

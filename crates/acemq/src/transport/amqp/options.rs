@@ -41,7 +41,7 @@ pub struct AmqpOptions {
     pub connect_timeout: Duration,
     /// Where the user name and password come from (default: the URL).
     pub credentials: Credentials,
-    /// TLS settings for `amqps://` (a private CA, a client certificate).
+    /// TLS settings for `amqps://` (a private CA, a client certificate, the server name).
     pub tls: TlsOptions,
     /// How long a publish waits for a connection that is recovering before it is refused
     /// with [`TransportError::NotConnected`](crate::transport::TransportError::NotConnected) (nothing sent). Default zero: refused at once.
@@ -235,21 +235,31 @@ impl Credentials {
     }
 }
 
-/// TLS for `amqps://`: certificates are always verified; these add a private CA and a
-/// client certificate (for the EXTERNAL mechanism, add `?auth_mechanism=external` to the
-/// URL). The name verified is the URL's host.
+/// TLS for `amqps://`: certificates are always verified; these add a private CA, a client
+/// certificate (for the EXTERNAL mechanism, add `?auth_mechanism=external` to the URL) and
+/// the name the server's certificate is verified against (default: the URL's host).
+///
+/// A handshake that fails (a CA that is not trusted, a certificate for another name, an
+/// X.509 v1 certificate, a client certificate the server refuses) fails the connect at once
+/// with [`TransportError::Tls`](crate::transport::TransportError::Tls), naming the cause.
 ///
 /// ```
-/// use acemq::transport::amqp::TlsOptions;
+/// use acemq::transport::amqp::{AmqpOptions, TlsOptions};
 /// let tls = TlsOptions::default()
 ///     .ca_bundle_pem("-----BEGIN CERTIFICATE-----\n...")
-///     .client_certificate_pem("-----BEGIN CERTIFICATE-----\n...", "-----BEGIN PRIVATE KEY-----\n...");
+///     .client_certificate_pem("-----BEGIN CERTIFICATE-----\n...", "-----BEGIN PRIVATE KEY-----\n...")
+///     // Connecting to amqps://10.0.0.7:5671 (or a load balancer) whose certificate names
+///     // rabbit.internal:
+///     .server_name("rabbit.internal");
 /// assert!(!format!("{tls:?}").contains("PRIVATE KEY"));
+/// let options = AmqpOptions::default().tls(tls);
+/// # drop(options);
 /// ```
 #[derive(Clone, Default)]
 pub struct TlsOptions {
     pub(crate) ca_bundle: Option<String>,
     pub(crate) client: Option<(Vec<u8>, Vec<u8>)>,
+    pub(crate) server_name: Option<String>,
 }
 
 impl std::fmt::Debug for TlsOptions {
@@ -257,18 +267,35 @@ impl std::fmt::Debug for TlsOptions {
         f.debug_struct("TlsOptions")
             .field("ca_bundle", &self.ca_bundle.is_some())
             .field("client_certificate", &self.client.is_some())
+            .field("server_name", &self.server_name)
             .finish()
     }
 }
 
 impl TlsOptions {
     /// Trusts the CA certificates of this PEM bundle (besides the system's).
+    ///
+    /// ```no_run
+    /// # fn demo() -> std::io::Result<()> {
+    /// use acemq::transport::amqp::TlsOptions;
+    /// let tls = TlsOptions::default().ca_bundle_pem(std::fs::read_to_string("/etc/rabbitmq/ca.pem")?);
+    /// # drop(tls); Ok(()) }
+    /// ```
     pub fn ca_bundle_pem(mut self, pem: impl Into<String>) -> Self {
         self.ca_bundle = Some(pem.into());
         self
     }
 
-    /// Presents this client certificate (PEM) with its PKCS#8 key (PEM).
+    /// Presents this client certificate (PEM, optionally followed by its chain) with its
+    /// private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    ///
+    /// ```no_run
+    /// # fn demo() -> std::io::Result<()> {
+    /// use acemq::transport::amqp::TlsOptions;
+    /// let tls = TlsOptions::default()
+    ///     .client_certificate_pem(std::fs::read("client.pem")?, std::fs::read("client.key")?);
+    /// # drop(tls); Ok(()) }
+    /// ```
     pub fn client_certificate_pem(
         mut self,
         certificate: impl Into<Vec<u8>>,
@@ -278,16 +305,18 @@ impl TlsOptions {
         self
     }
 
-    pub(crate) fn lapin(&self) -> lapin::tcp::OwnedTLSConfig {
-        lapin::tcp::OwnedTLSConfig {
-            identity: self
-                .client
-                .as_ref()
-                .map(|(pem, key)| lapin::tcp::OwnedIdentity::PKCS8 {
-                    pem: pem.clone(),
-                    key: key.clone(),
-                }),
-            cert_chain: self.ca_bundle.clone(),
-        }
+    /// Verifies the server's certificate against this DNS name (also sent as SNI) instead
+    /// of the URL's host: for connecting by IP address, or through a load balancer or a
+    /// tunnel whose address is not on the certificate. The TCP connection still goes to the
+    /// URL's host and port.
+    ///
+    /// ```
+    /// use acemq::transport::amqp::TlsOptions;
+    /// let tls = TlsOptions::default().server_name("rabbit.internal");
+    /// assert!(format!("{tls:?}").contains("rabbit.internal"));
+    /// ```
+    pub fn server_name(mut self, name: impl Into<String>) -> Self {
+        self.server_name = Some(name.into());
+        self
     }
 }
