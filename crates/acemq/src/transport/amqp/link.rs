@@ -26,6 +26,11 @@ use super::{AmqpOptions, Credentials, Inner, TlsOptions};
 use crate::transport::TransportError;
 use crate::transport::recovery::{RecoveryEvent, RecoveryPolicy, Side, redact};
 
+/// How long one dial (TCP, TLS, the AMQP handshake) may take before it is abandoned and
+/// tried again. A local or LAN broker answers in milliseconds; a broker behind a slow TLS
+/// link in well under a second.
+pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
+
 /// How often the connection state is re-read even without an event.
 const STATUS_REFRESH: Duration = Duration::from_secs(1);
 
@@ -155,12 +160,27 @@ impl Dialer {
         let address = self.next_address();
         let name = format!("{} ({})", self.name, side.as_str());
         let properties = ConnectionProperties::default().with_connection_name(name.into());
-        let opened = match self.uri(&address) {
-            Ok(uri) if uri.scheme == AMQPScheme::AMQPS => self.dial_tls(uri, properties).await,
-            Ok(uri) => Connection::connect_uri(uri, properties)
-                .await
-                .map_err(from_lapin),
-            Err(e) => Err(e),
+        let dialled = async {
+            match self.uri(&address) {
+                Ok(uri) if uri.scheme == AMQPScheme::AMQPS => {
+                    self.dial_tls(uri, properties).await
+                }
+                Ok(uri) => Connection::connect_uri(uri, properties)
+                    .await
+                    .map_err(from_lapin),
+                Err(e) => Err(e),
+            }
+        };
+        // A handshake the peer stops answering (a socket dropped mid-handshake, seen in
+        // the flapping-link drill) would otherwise hold the dial, and the recovery, forever.
+        let opened = match tokio::time::timeout(HANDSHAKE_TIMEOUT, dialled).await {
+            Ok(opened) => opened,
+            Err(_) => Err(TransportError::Closed {
+                detail: format!(
+                    "no AMQP handshake with {} within {HANDSHAKE_TIMEOUT:?}",
+                    redact(&address)
+                ),
+            }),
         };
         (redact(&address), opened)
     }
