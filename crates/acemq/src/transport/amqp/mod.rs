@@ -56,8 +56,8 @@ use self::publisher::Publisher;
 use self::subscription::AmqpSubscription;
 use super::recovery::{Declared, DeclaredTopology, Events, RecoveryEvent, Side};
 use super::{
-    BoxFuture, ConsumeSpec, Delivery, Outbound, PendingConfirm, QueueInfo, Subscription, Transport,
-    TransportError, TransportStatus,
+    BoxFuture, ConsumeSpec, Delivery, Outbound, PendingConfirm, QueueInfo, Subscription,
+    TrackedConfirm, Transport, TransportError, TransportStatus,
 };
 use crate::topology::{BindingDecl, ExchangeDecl, ExchangeKind, QueueDecl};
 
@@ -237,6 +237,13 @@ impl Transport for AmqpTransport {
         Box::pin(self.inner.publisher.publish(message))
     }
 
+    fn publish_tracked(
+        &self,
+        message: Outbound,
+    ) -> BoxFuture<'_, Result<TrackedConfirm, TransportError>> {
+        Box::pin(self.inner.publisher.publish_tracked(message))
+    }
+
     fn consume(
         &self,
         spec: ConsumeSpec,
@@ -311,6 +318,11 @@ impl Transport for AmqpTransport {
             self.inner.declared.record(Declared::Queue(decl));
             Ok(info)
         })
+    }
+
+    fn check_queue(&self, decl: &QueueDecl) -> BoxFuture<'_, Result<QueueInfo, TransportError>> {
+        let decl = decl.clone();
+        Box::pin(async move { self.inner.queue_op(&decl.name, false, Some(&decl)).await })
     }
 
     fn bind_queue(&self, decl: &BindingDecl) -> BoxFuture<'_, Result<(), TransportError>> {
