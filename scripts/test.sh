@@ -88,10 +88,11 @@ RUSTDOCFLAGS="${RUSTDOCFLAGS:-} -D warnings" cargo doc --workspace --all-feature
 
 # Tests that change global broker state (a memory alarm blocks every publisher) run in the
 # serial step below, not beside the others.
-SERIAL_TESTS=(amqp_blocked blocked_health)
+SERIAL_TESTS=(amqp_blocked blocked_health amqp_blocked_moves)
 SERIAL_SKIP=(
   --skip a_blocked_publisher_fails_fast_while_consumers_keep_acking
   --skip a_blocked_connection_is_up_with_its_reason
+  --skip in_doubt_retry_hops_under_a_memory_alarm_run_no_extra_handler
 )
 case " $* " in
 *" -- "*) test_args=("$@" "${SERIAL_SKIP[@]}") ;;

@@ -6,10 +6,20 @@
 //! long as its channel lives; only a redelivery after that channel was lost runs the
 //! handler again. A copy that can never be sent (too large for the connection's
 //! `frame_max`, or routed nowhere because its target queue is missing) takes the fallback
-//! that needs no publish: when the source queue carries the dead-letter arguments
-//! (declared by this connection with `acemq.dlx` → `{q}.dlq`) and `{q}.dlq` exists, the
-//! original is rejected without requeue so the broker moves it to `{q}.dlq` itself (its
-//! `x-death` says why); otherwise it is held, unacked and not run again, and reported.
+//! that needs no publish: when the source queue carries the contract's dead-letter
+//! arguments (`acemq.dlx` → `{q}.dlq`; declared so by this connection, or by anyone: the
+//! broker is asked once per queue with a declaration of exactly those arguments, see
+//! `Engine::dead_letters_natively`) and `{q}.dlq` exists, the original is rejected without
+//! requeue so the broker moves it to `{q}.dlq` itself (its `x-death` says why); otherwise
+//! it is held, unacked and not run again, and reported with its reason
+//! ([`MoveStatus::held_reason`]).
+//!
+//! A copy whose publish was answered in doubt while its confirm can still arrive (a
+//! confirm timeout, or RabbitMQ withholding the confirm of the publish that met a memory
+//! alarm) is never published a second time: the move waits for that confirm
+//! ([`TrackedConfirm::late`](crate::transport::TrackedConfirm)), acks the original when it
+//! says routed, and only publishes again when it says the copy did not land. Two copies
+//! would both be delivered, and run the handler more often than the policy's attempts.
 //! (RabbitMQ adds `x-death` without checking the frame size: a message whose headers were
 //! already near `frame_max` can then be too large for a client to fetch from `{q}.dlq`;
 //! count it with a passive declare, move it with a client whose `frame_max` is larger.)
