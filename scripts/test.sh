@@ -91,7 +91,7 @@ RUSTDOCFLAGS="${RUSTDOCFLAGS:-} -D warnings" cargo doc --workspace --all-feature
 # serial step below, not beside the others: every test of these targets is skipped in the
 # parallel step by its exact name (`--exact`: a plain `--skip` matches by substring and
 # once skipped two unrelated tests whose names contain a serial test's name).
-SERIAL_TESTS=(amqp_blocked blocked_health)
+SERIAL_TESTS=(amqp_blocked blocked_health amqp_blocked_moves)
 SERIAL_SKIP=(--exact)
 for t in "${SERIAL_TESTS[@]}"; do
   names="$(cargo test -q -p acemq --all-features --test "$t" -- --list 2>/dev/null |

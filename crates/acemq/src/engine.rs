@@ -15,15 +15,19 @@
 //!   their sizing against the negotiated `frame_max` ([`Engine::fit`]): the reason is cut
 //!   first, and a copy the delivered headers alone make too large is refused before it is
 //!   sent (one bad message never closes a connection);
-//! - declaring a topology, and a consumer's share of one (one loop for both), remembering
-//!   which source queues carry the dead-letter arguments (`acemq.dlx` → `{q}.dlq`), so a
-//!   consumer knows whether a reject without requeue moves a message to `{q}.dlq`;
+//! - declaring a topology, and a consumer's share of one (one loop for both), and knowing
+//!   which source queues carry the contract's dead-letter arguments (`acemq.dlx` →
+//!   `{q}.dlq`), so a consumer knows whether a reject without requeue moves a message to
+//!   `{q}.dlq`: the queues this engine declared so, and any other queue once the broker
+//!   took a declaration of it with exactly those arguments
+//!   ([`Engine::dead_letters_natively`]; cached per queue, a refusal rechecked after
+//!   [`DEAD_LETTER_RECHECK`]);
 //! - the pause flag for publishing, the consumers' [`Lifecycle`], the interceptors and the
 //!   health registry, with the connection's health report built from them.
 //!
 //! Nothing here knows the façade: `connection.rs` sits on top and delegates down.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -38,9 +42,12 @@ use crate::health::{Health, HealthContributor, HealthRegistry, HealthStatus, con
 use crate::intercept::Interceptors;
 use crate::lifecycle::{ABANDON_AFTER, Lifecycle};
 use crate::retry::RetryPolicy;
-use crate::topology::{DEAD_LETTER_EXCHANGE, Topology, dead_letter_queue};
+use crate::topology::{
+    DEAD_LETTER_EXCHANGE, QueueDecl, Topology, dead_letter_queue, source_dead_letter_arguments,
+};
 use crate::transport::{
-    Confirmation, Delivery, HEADER_MARGIN, Outbound, Transport, TransportError, header_frame_size,
+    Confirmation, Delivery, HEADER_MARGIN, Outbound, PendingConfirm, Transport, TransportError,
+    header_frame_size,
 };
 use crate::util::lock;
 
@@ -51,6 +58,22 @@ pub const CONSUMERS: &str = "consumers";
 /// replays) may await at once, apart from the application's window: a move never waits
 /// behind application publishes.
 pub const MOVE_WINDOW: usize = 64;
+
+/// How long a queue found without the contract's dead-letter arguments is believed to be so
+/// before the broker is asked again.
+pub const DEAD_LETTER_RECHECK: Duration = Duration::from_secs(60);
+
+/// What is known about a source queue's dead-letter arguments.
+#[derive(Clone, Debug)]
+enum DeadLetterArgs {
+    /// It carries the contract's (declared so by this engine, or the broker said so).
+    Yes,
+    /// The broker refused a declaration with them (`why`), at `checked`.
+    No {
+        why: String,
+        checked: tokio::time::Instant,
+    },
+}
 
 /// A copy that cannot be sent: its content header would be over the connection's
 /// `frame_max` even with the reason cut.
@@ -79,8 +102,8 @@ pub(crate) struct Engine {
     window: Arc<Semaphore>,
     /// The engine's own confirm window ([`MOVE_WINDOW`]).
     moves: Arc<Semaphore>,
-    /// Source queues this engine declared with the dead-letter arguments.
-    dead_lettered: Mutex<HashSet<String>>,
+    /// Source queues known to carry the contract's dead-letter arguments, or not.
+    dead_letter_args: Mutex<HashMap<String, DeadLetterArgs>>,
     publishing_paused: AtomicBool,
     pub(crate) lifecycle: Lifecycle,
     pub(crate) interceptors: Interceptors,
@@ -112,7 +135,7 @@ impl Engine {
             origin: origin_for(client_name),
             window: Arc::new(Semaphore::new(max_outstanding_confirms)),
             moves: Arc::new(Semaphore::new(MOVE_WINDOW)),
-            dead_lettered: Mutex::new(HashSet::new()),
+            dead_letter_args: Mutex::new(HashMap::new()),
             publishing_paused: AtomicBool::new(false),
             lifecycle: Lifecycle::default(),
             interceptors: Interceptors::default(),
@@ -157,18 +180,44 @@ impl Engine {
     /// copy first ([`Engine::fit`]).
     pub(crate) async fn publish_on_behalf(
         &self,
-        mut outbound: Outbound,
+        outbound: Outbound,
     ) -> Result<Confirmation, TransportError> {
+        self.publish_move(outbound).await.0
+    }
+
+    /// [`Engine::publish_on_behalf`] for a move whose original is acked only once its copy
+    /// landed: besides the answer, for an answer in doubt
+    /// ([`TransportError::ConfirmTimeout`]) while the confirm can still arrive, the broker's
+    /// own answer to wait for ([`TrackedConfirm::late`](crate::transport::TrackedConfirm)),
+    /// holding its slot in the move window until it resolves. Publishing the copy again
+    /// instead would make two copies when the first one lands too.
+    pub(crate) async fn publish_move(
+        &self,
+        mut outbound: Outbound,
+    ) -> (Result<Confirmation, TransportError>, Option<PendingConfirm>) {
         outbound.mandatory = true;
-        let _permit =
-            self.moves
-                .clone()
-                .acquire_owned()
-                .await
-                .map_err(|_| TransportError::Closed {
-                    detail: "connection closed".into(),
-                })?;
-        self.transport.publish(outbound).await?.await
+        let Ok(permit) = self.moves.clone().acquire_owned().await else {
+            let closed = TransportError::Closed {
+                detail: "connection closed".into(),
+            };
+            return (Err(closed), None);
+        };
+        let tracked = match self.transport.publish_tracked(outbound).await {
+            Ok(tracked) => tracked,
+            Err(e) => return (Err(e), None),
+        };
+        let answer = tracked.answer.await;
+        let late = match (&answer, tracked.late) {
+            (Err(TransportError::ConfirmTimeout { .. }), Some(late)) => {
+                let late: PendingConfirm = Box::pin(async move {
+                    let _permit = permit;
+                    late.await
+                });
+                Some(late)
+            }
+            _ => None,
+        };
+        (answer, late)
     }
 
     /// Sizes a copy against the connection's `frame_max` (less [`HEADER_MARGIN`]): when
@@ -194,23 +243,68 @@ impl Engine {
     /// Declares every exchange, queue and binding of a topology, in that order.
     pub(crate) async fn declare(&self, topology: &Topology) -> Result<(), Error> {
         self.declare_items(topology, |_, e| e.into()).await?;
-        let mut known = lock(&self.dead_lettered);
+        let mut known = lock(&self.dead_letter_args);
         for q in topology.queues() {
             let arg = |k: &str| q.arguments.get(k).and_then(HeaderValue::as_str);
             if arg("x-dead-letter-exchange") == Some(DEAD_LETTER_EXCHANGE)
                 && arg("x-dead-letter-routing-key") == Some(&dead_letter_queue(&q.name))
             {
-                known.insert(q.name.clone());
+                known.insert(q.name.clone(), DeadLetterArgs::Yes);
             }
         }
         Ok(())
     }
 
-    /// Whether this engine declared `queue` with the dead-letter arguments (`acemq.dlx`,
-    /// `{q}.dlq`): a reject without requeue then makes the broker move a message to
-    /// `{q}.dlq` itself.
-    pub(crate) fn dead_letters_natively(&self, queue: &str) -> bool {
-        lock(&self.dead_lettered).contains(queue)
+    /// Whether `queue` carries the contract's dead-letter arguments (`acemq.dlx`,
+    /// `{q}.dlq`), so that a reject without requeue makes the broker move a message to
+    /// `{q}.dlq` itself; `Err(why)` when it does not, or that cannot be told now.
+    ///
+    /// Known at once for a queue this engine declared so. For any other queue (declared by
+    /// another service, an operator, another connection) the broker is asked once: the
+    /// queue is declared, without being remembered for recovery, with exactly the
+    /// arguments [`queue_with_dead_letter`](crate::topology::TopologyBuilder::queue_with_dead_letter)
+    /// declares (a quorum queue, `x-dead-letter-exchange`, `x-dead-letter-routing-key`);
+    /// taken, they match; refused (406 PRECONDITION_FAILED, which closes only the channel
+    /// it was tried on), they do not. Both answers are cached; a refusal is asked again
+    /// after [`DEAD_LETTER_RECHECK`]. A queue that is missing, or a broker that cannot be
+    /// asked, is not cached.
+    pub(crate) async fn dead_letters_natively(&self, queue: &str) -> Result<(), String> {
+        match lock(&self.dead_letter_args).get(queue) {
+            Some(DeadLetterArgs::Yes) => return Ok(()),
+            Some(DeadLetterArgs::No { why, checked })
+                if checked.elapsed() < DEAD_LETTER_RECHECK =>
+            {
+                return Err(why.clone());
+            }
+            _ => {}
+        }
+        // Never create it: a declaration of a queue that is gone would.
+        if let Err(e) = self.transport.inspect_queue(queue).await {
+            return Err(format!("{queue} could not be looked at: {e}"));
+        }
+        let mut decl = QueueDecl::quorum(queue);
+        decl.arguments.extend(source_dead_letter_arguments(queue));
+        let known = match self.transport.check_queue(&decl).await {
+            Ok(_) => DeadLetterArgs::Yes,
+            Err(e @ TransportError::PreconditionFailed { .. }) => DeadLetterArgs::No {
+                why: format!(
+                    "{queue} does not carry the contract's dead-letter arguments (a quorum queue with x-dead-letter-exchange: {DEAD_LETTER_EXCHANGE}, x-dead-letter-routing-key: {}): {e}",
+                    dead_letter_queue(queue)
+                ),
+                checked: tokio::time::Instant::now(),
+            },
+            Err(e) => {
+                return Err(format!(
+                    "whether {queue} carries the dead-letter arguments could not be checked: {e}"
+                ));
+            }
+        };
+        let answer = match &known {
+            DeadLetterArgs::Yes => Ok(()),
+            DeadLetterArgs::No { why, .. } => Err(why.clone()),
+        };
+        lock(&self.dead_letter_args).insert(queue.to_owned(), known);
+        answer
     }
 
     /// Declares what a consumer of `queue` needs (`acemq.dlx`, `{q}.dlq`, `{q}.parked`, the

@@ -482,3 +482,148 @@ async fn engine_moves_do_not_wait_behind_a_full_application_window() {
     delete_all(&*t, &q).await;
     let _ = t.delete_queue(&other).await;
 }
+
+/// The source queue as another service (or an operator) declared it: a quorum queue, with
+/// the contract's dead-letter arguments when `dead_letter`, through a transport of its own
+/// (never this connection's topology helpers).
+async fn declare_elsewhere(target: &Target, q: &str, dead_letter: bool) -> Arc<dyn Transport> {
+    let other = target.transport().await;
+    let mut decl = QueueDecl::quorum(q);
+    if dead_letter {
+        decl.arguments.insert(
+            "x-dead-letter-exchange".into(),
+            HeaderValue::from(acemq::topology::DEAD_LETTER_EXCHANGE),
+        );
+        decl.arguments.insert(
+            "x-dead-letter-routing-key".into(),
+            HeaderValue::from(format!("{q}.dlq")),
+        );
+    }
+    other.declare_queue(&decl).await.unwrap();
+    other
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_broker_fallback_applies_to_a_queue_someone_else_declared_with_the_contract_arguments()
+{
+    on_each_target(|target: Target| async move {
+        let mq = Connection::connect(&target.url()).await.unwrap();
+        let t = mq.transport().clone();
+        let q = unique("frame-elsewhere");
+        let other = declare_elsewhere(&target, &q, true).await;
+        let (consumer, seen) = consume_recording(&mq, &q, Arc::new(Semaphore::new(1))).await;
+        let dlq = format!("{q}.dlq");
+        // No copy can be sent: the broker's DLX must move the original.
+        publish_big(&*t, &q, "bad-huge", 150).await;
+        eventually(WAIT, "rejected to the broker's DLX", || async {
+            let m = consumer.moves();
+            (m.dead_lettered_by_broker == 1 || m.held_unsendable == 1).then_some(())
+        })
+        .await;
+        let m = consumer.moves();
+        assert_eq!(
+            (m.dead_lettered_by_broker, m.held_unsendable),
+            (1, 0),
+            "the broker fallback was taken, not a hold: {m:?}"
+        );
+        assert_eq!(support::wait_for_count(&*t, &dlq, 1, WAIT).await, 1);
+        if let Target::Memory(_) = target {
+            let dead = take_one(&*t, &dlq, WAIT).await;
+            assert_eq!(dead.properties.message_id.as_deref(), Some("bad-huge"));
+            assert!(dead.properties.headers.contains_key("x-death"));
+        }
+        assert_eq!(consumer.in_flight(), 0, "nothing unacked");
+        assert_eq!(consumer.stats().rejected, 1);
+        assert_eq!(runs(&seen, "bad-huge"), vec![false]);
+        assert!(mq.status().connected);
+        consumer.close().await;
+        assert_eq!(count(&*t, &q).await, 0, "nothing was handed back on close");
+        delete_all(&*t, &q).await;
+        other.close().await.ok();
+        mq.close().await.ok();
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_someone_else_declared_without_the_contract_arguments_holds_it_and_says_why() {
+    on_each_target(|target: Target| async move {
+        let mq = Connection::connect(&target.url()).await.unwrap();
+        let t = mq.transport().clone();
+        let q = unique("frame-elsewhere-plain");
+        let other = declare_elsewhere(&target, &q, false).await;
+        let (consumer, seen) = consume_recording(&mq, &q, Arc::new(Semaphore::new(1))).await;
+        publish_big(&*t, &q, "bad-huge", 150).await;
+        let why = eventually(WAIT, "held, with its reason", || async {
+            let m = consumer.moves();
+            (m.held_unsendable == 1).then_some(m.held_reason).flatten()
+        })
+        .await;
+        assert!(
+            why.contains("cannot be sent") && why.contains("x-dead-letter-exchange"),
+            "{why}"
+        );
+        assert_eq!(consumer.moves().dead_lettered_by_broker, 0);
+        // The consumer serves on, and the channel the check ran on was not its own.
+        send(&mq, &q, "good").await;
+        eventually(WAIT, "the good one acked", || async {
+            (consumer.stats().acked == 1).then_some(())
+        })
+        .await;
+        assert!(mq.status().connected);
+        assert_eq!(runs(&seen, "bad-huge"), vec![false]);
+        assert_eq!(count(&*t, &format!("{q}.dlq")).await, 0);
+        consumer.close().await;
+        assert_eq!(
+            consumer.moves().held_reason,
+            None,
+            "cleared once none is held"
+        );
+        assert_eq!(count(&*t, &q).await, 1, "handed back on close");
+        delete_all(&*t, &q).await;
+        other.close().await.ok();
+        mq.close().await.ok();
+    })
+    .await;
+}
+
+/// Issue 19 (6): a retry hop whose confirm was answered in doubt (the broker blocked while
+/// it was outstanding; the copy is in its queue all the same) is not published a second
+/// time: its confirm is waited for, so each message's handler runs once per attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_in_doubt_is_not_published_twice_so_runs_equal_attempts() {
+    let broker = unique("mem-doubt");
+    let mq = Connection::connect(&format!("memory://{broker}"))
+        .await
+        .unwrap();
+    let t = mq.transport().clone();
+    let q = unique("doubt");
+    t.declare_queue(&QueueDecl::classic(&q)).await.unwrap();
+    let ids: Vec<String> = (1..=5).map(|i| format!("m-{i}")).collect();
+    for id in &ids {
+        send(&mq, &q, id).await;
+    }
+    let b = MemoryBroker::named(&broker);
+    b.delay_confirms(Some(Duration::from_millis(1500)));
+    let policy = acemq::retry::RetryPolicy::fixed(3, Duration::from_millis(100)).unwrap();
+    let (consumer, seen) = support::settle::consume_always_failing(&mq, &q, policy).await;
+    eventually(WAIT, "five first runs", || async {
+        (seen.total() >= 5).then_some(())
+    })
+    .await;
+    // The retry hops are published 100 ms after each run; their confirms take 1.5 s. The
+    // broker blocks while they are outstanding: they are answered in doubt.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    b.block("an injected alarm");
+    eventually(WAIT, "moves failing while blocked", || async {
+        (consumer.moves().moves_failing >= 1).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    b.unblock();
+    support::settle::assert_runs_equal_attempts(&*t, &consumer, &seen, &q, &ids, 3, WAIT).await;
+    b.delay_confirms(None);
+    consumer.close().await;
+    delete_all(&*t, &q).await;
+    mq.close().await.ok();
+}

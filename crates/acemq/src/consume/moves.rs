@@ -6,10 +6,20 @@
 //! long as its channel lives; only a redelivery after that channel was lost runs the
 //! handler again. A copy that can never be sent (too large for the connection's
 //! `frame_max`, or routed nowhere because its target queue is missing) takes the fallback
-//! that needs no publish: when the source queue carries the dead-letter arguments
-//! (declared by this connection with `acemq.dlx` → `{q}.dlq`) and `{q}.dlq` exists, the
-//! original is rejected without requeue so the broker moves it to `{q}.dlq` itself (its
-//! `x-death` says why); otherwise it is held, unacked and not run again, and reported.
+//! that needs no publish: when the source queue carries the contract's dead-letter
+//! arguments (`acemq.dlx` → `{q}.dlq`; declared so by this connection, or by anyone: the
+//! broker is asked once per queue with a declaration of exactly those arguments, see
+//! `Engine::dead_letters_natively`) and `{q}.dlq` exists, the original is rejected without
+//! requeue so the broker moves it to `{q}.dlq` itself (its `x-death` says why); otherwise
+//! it is held, unacked and not run again, and reported with its reason
+//! ([`MoveStatus::held_reason`]).
+//!
+//! A copy whose publish was answered in doubt while its confirm can still arrive (a
+//! confirm timeout, or RabbitMQ withholding the confirm of the publish that met a memory
+//! alarm) is never published a second time: the move waits for that confirm
+//! ([`TrackedConfirm::late`](crate::transport::TrackedConfirm)), acks the original when it
+//! says routed, and only publishes again when it says the copy did not land. Two copies
+//! would both be delivered, and run the handler more often than the policy's attempts.
 //! (RabbitMQ adds `x-death` without checking the frame size: a message whose headers were
 //! already near `frame_max` can then be too large for a client to fetch from `{q}.dlq`;
 //! count it with a passive declare, move it with a client whose `frame_max` is larger.)
@@ -30,7 +40,9 @@ use std::time::Duration;
 use super::settle::{ACK, REQUEUE, Settler};
 use super::stats::{Counter, Observed};
 use crate::topology::dead_letter_queue;
-use crate::transport::{Confirmation, Delivery, Outbound, Settlement, Transport, TransportError};
+use crate::transport::{
+    Confirmation, Delivery, Outbound, PendingConfirm, Settlement, Transport, TransportError,
+};
 use crate::util::lock;
 
 /// How long a delivery whose move failed waits before the move is tried again (the first
@@ -53,6 +65,8 @@ pub(crate) struct MoveState {
     /// Deliveries held because their copy can never be sent and the queue has no
     /// dead-letter arguments to fall back on.
     pub(crate) held_unsendable: AtomicUsize,
+    /// Why the last delivery counted in `held_unsendable` is held (`None` once none is).
+    pub(crate) held_reason: Mutex<Option<String>>,
     /// Deliveries rejected without requeue so the broker dead-lettered them.
     pub(crate) dead_lettered_by_broker: AtomicU64,
     /// `Some(reason)` while the run loop takes no new deliveries because moves are failing
@@ -67,9 +81,14 @@ impl MoveState {
             waiting: self.waiting.load(Ordering::SeqCst),
             moves_failing: self.moves_failing.load(Ordering::SeqCst),
             held_unsendable: self.held_unsendable.load(Ordering::SeqCst),
+            held_reason: lock(&self.held_reason).clone(),
             dead_lettered_by_broker: self.dead_lettered_by_broker.load(Ordering::SeqCst),
             waiting_for_publish: lock(&self.waiting_for_publish).clone(),
         }
+    }
+
+    pub(crate) fn set_held_reason(&self, reason: Option<String>) {
+        *lock(&self.held_reason) = reason;
     }
 
     pub(crate) fn set_waiting_for_publish(&self, reason: Option<String>) {
@@ -98,6 +117,11 @@ pub struct MoveStatus {
     /// (too large for the frame, or its target missing) and the source queue has no
     /// dead-letter arguments to fall back on.
     pub held_unsendable: usize,
+    /// Why a delivery is held (the latest one's reason, while `held_unsendable` is not 0):
+    /// what made its copy unsendable, and why the broker would not dead-letter it (e.g.
+    /// the source queue was refused a declaration with the contract's dead-letter
+    /// arguments).
+    pub held_reason: Option<String>,
     /// Deliveries rejected without requeue so that the broker moved them to `{q}.dlq`
     /// (their copy could never be sent).
     pub dead_lettered_by_broker: u64,
@@ -107,12 +131,35 @@ pub struct MoveStatus {
 }
 
 /// Why a move did not land.
-#[derive(Debug, Clone)]
 pub(super) struct Failure {
     /// Text for the log.
     pub(super) what: String,
     /// It will not pass by itself (too large, routed nowhere): the fallback applies.
     pub(super) permanent: bool,
+    /// The copy's publish was answered in doubt while its confirm can still arrive: the
+    /// broker's own answer, waited for before the copy is ever published again.
+    pub(super) late: Option<PendingConfirm>,
+}
+
+impl Failure {
+    /// A failure with nothing left to wait for.
+    pub(super) fn new(what: String, permanent: bool) -> Failure {
+        Failure {
+            what,
+            permanent,
+            late: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Failure")
+            .field("what", &self.what)
+            .field("permanent", &self.permanent)
+            .field("late", &self.late.is_some())
+            .finish()
+    }
 }
 
 /// Work a delivery does outside its handler slot: an optional wait, then a move (or the
@@ -162,19 +209,23 @@ impl Drop for Failing {
     }
 }
 
-/// Counts down a gauge when dropped.
-struct Gauge<'a>(&'a AtomicUsize);
+/// One delivery counted in [`MoveState::held_unsendable`] until dropped; the last one out
+/// clears the reason.
+struct Held(Arc<MoveState>);
 
-impl<'a> Gauge<'a> {
-    fn up(g: &'a AtomicUsize) -> Gauge<'a> {
-        g.fetch_add(1, Ordering::SeqCst);
-        Gauge(g)
+impl Held {
+    fn up(state: &Arc<MoveState>) -> Held {
+        state.held_unsendable.fetch_add(1, Ordering::SeqCst);
+        Held(state.clone())
     }
 }
 
-impl Drop for Gauge<'_> {
+impl Drop for Held {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
+        let mut reason = lock(&self.0.held_reason);
+        if self.0.held_unsendable.fetch_sub(1, Ordering::SeqCst) == 1 {
+            *reason = None;
+        }
     }
 }
 
@@ -192,26 +243,36 @@ impl Settler {
     ) -> Result<(), Failure> {
         let target = copy.routing_key.clone();
         if let Err(too_large) = self.engine.fit(&mut copy) {
-            return Err(Failure {
-                what: format!("the copy for {target} cannot be sent: {too_large}"),
-                permanent: true,
-            });
+            return Err(Failure::new(
+                format!("the copy for {target} cannot be sent: {too_large}"),
+                true,
+            ));
         }
-        match self.engine.publish_on_behalf(copy).await {
-            Ok(Confirmation::Routed) => {
-                self.record(
-                    counter,
-                    &seen.series,
-                    seen.started.elapsed(),
-                    Some(&seen.span),
-                );
-                let sent = self.send(d, ACK, counter).await;
-                if sent != counter {
-                    self.stats.add(sent);
-                }
+        match self.engine.publish_move(copy).await {
+            (Ok(Confirmation::Routed), _) => {
+                self.landed(d, counter, seen).await;
                 Ok(())
             }
-            other => Err(classify(&target, other)),
+            (other, late) => {
+                let mut failure = classify(&target, other);
+                failure.late = late;
+                Err(failure)
+            }
+        }
+    }
+
+    /// The copy landed: records `counter` (before the ack, so the outcome is counted before
+    /// the copy can be handled) and acks the original.
+    pub(super) async fn landed(&self, d: &Delivery, counter: Counter, seen: &Observed) {
+        self.record(
+            counter,
+            &seen.series,
+            seen.started.elapsed(),
+            Some(&seen.span),
+        );
+        let sent = self.send(d, ACK, counter).await;
+        if sent != counter {
+            self.stats.add(sent);
         }
     }
 
@@ -306,15 +367,35 @@ impl Settler {
             self.stats.add(Counter::SetAsideFailed);
             self.metrics.any().set_aside_failed(&target);
             if failure.permanent {
-                if let Some(c) = self.fallback(d, counter, &failure).await {
-                    return Some(c);
-                }
+                let no_fallback = match self.fallback(d, counter, &failure.what).await {
+                    Ok(c) => return Some(c),
+                    Err(why) => why,
+                };
+                let reason = format!("{}; no broker fallback: {no_fallback}", failure.what);
                 if held.is_none() {
-                    tracing::error!(queue = %self.queue, target, failure = %failure.what, "the copy cannot be sent and the queue has no dead-letter arguments (acemq.dlx) to fall back on; holding the message unacked (it is not run again) until its channel closes");
-                    held = Some(Gauge::up(&self.moves.held_unsendable));
+                    tracing::error!(queue = %self.queue, target, failure = %failure.what, no_fallback, "the copy cannot be sent and the broker would not dead-letter the original; holding the message unacked (it is not run again) until its channel closes");
+                    held = Some(Held::up(&self.moves));
                 }
+                self.moves.set_held_reason(Some(reason));
+            } else if failure.late.is_some() {
+                tracing::warn!(queue = %self.queue, target, failure = %failure.what, "move in doubt; waiting for its confirm before the copy is ever published again");
             } else {
                 tracing::warn!(queue = %self.queue, target, failure = %failure.what, retry_in = ?pause, "move not confirmed and routed; keeping the decision and trying the move again");
+            }
+            if let Some(late) = failure.late.take() {
+                match self.await_late(d, late).await {
+                    Late::Answer(Ok(Confirmation::Routed)) => {
+                        self.landed(d, counter, seen).await;
+                        return None;
+                    }
+                    Late::Answer(other) => {
+                        // Answered, and not routed: nothing can land any more, so the copy
+                        // is published again (after the pause).
+                        failure = classify(&target, other);
+                        continue;
+                    }
+                    Late::Done(c) => return Some(c),
+                }
             }
             // The pause, looking at the channel every SET_ASIDE_PAUSE: once it is lost the
             // broker has the message back, and the run loop must not wait on this move.
@@ -344,18 +425,44 @@ impl Settler {
         }
     }
 
+    /// Waits for the broker's own answer to a copy answered in doubt, looking at the
+    /// delivery's channel every [`SET_ASIDE_PAUSE`]; cut short by closing (the original is
+    /// requeued) or a lost channel (the broker has it back).
+    async fn await_late(&self, d: &Delivery, late: PendingConfirm) -> Late {
+        tokio::pin!(late);
+        loop {
+            if !d.acker.is_live() {
+                tracing::debug!(queue = %self.queue, "the channel of a delivery whose move was in doubt closed; the broker redelivers it");
+                return Late::Done(Counter::SettleFailed);
+            }
+            tokio::select! {
+                biased;
+                answer = &mut late => return Late::Answer(answer),
+                _ = self.closing.cancelled() => {
+                    return Late::Done(self.send(d, REQUEUE, Counter::RequeuedOnClose).await);
+                }
+                _ = tokio::time::sleep(SET_ASIDE_PAUSE) => {}
+            }
+        }
+    }
+
     /// The fallback that needs no publish: reject without requeue when the broker would
-    /// move the message to an existing `{q}.dlq`. `None`: no such fallback (hold it).
-    async fn fallback(&self, d: &Delivery, counter: Counter, failure: &Failure) -> Option<Counter> {
-        if !self.engine.dead_letters_natively(&self.queue) {
-            return None;
-        }
+    /// move the message to an existing `{q}.dlq` (the source queue carries the contract's
+    /// dead-letter arguments, whoever declared it: `Engine::dead_letters_natively`).
+    /// `Err(why)`: no such fallback (hold it).
+    async fn fallback(
+        &self,
+        d: &Delivery,
+        counter: Counter,
+        what: &str,
+    ) -> Result<Counter, String> {
+        self.engine.dead_letters_natively(&self.queue).await?;
         let dlq = dead_letter_queue(&self.queue);
-        if self.engine.transport.inspect_queue(&dlq).await.is_err() {
+        if let Err(e) = self.engine.transport.inspect_queue(&dlq).await {
             // The broker would drop it: never reject into nothing.
-            return None;
+            return Err(format!("{dlq} could not be looked at: {e}"));
         }
-        tracing::warn!(queue = %self.queue, failure = %failure.what, "rejecting without requeue: the broker dead-letters it to {dlq} (see its x-death header)");
+        tracing::warn!(queue = %self.queue, failure = %what, "rejecting without requeue: the broker dead-letters it to {dlq} (see its x-death header)");
         let counter = match counter {
             Counter::Rejected | Counter::DeadLettered => counter,
             _ => Counter::DeadLettered,
@@ -366,30 +473,36 @@ impl Settler {
                 .dead_lettered_by_broker
                 .fetch_add(1, Ordering::SeqCst);
         }
-        Some(sent)
+        Ok(sent)
     }
+}
+
+/// How waiting for a late confirm ended.
+enum Late {
+    /// The broker's answer came.
+    Answer(Result<Confirmation, TransportError>),
+    /// The delivery was settled otherwise (closing, or its channel lost): count this.
+    Done(Counter),
 }
 
 /// What a publish that did not land says about the next try.
 pub(super) fn classify(target: &str, result: Result<Confirmation, TransportError>) -> Failure {
     match result {
-        Ok(Confirmation::Unroutable { reply_text, .. }) => Failure {
-            what: format!(
-                "the copy for {target} routed nowhere ({reply_text}): the queue is missing"
-            ),
-            permanent: true,
-        },
-        Ok(other) => Failure {
-            what: format!("the copy for {target} was not confirmed: {other:?}"),
-            permanent: false,
-        },
-        Err(TransportError::Protocol { code: 501, detail }) => Failure {
-            what: format!("the copy for {target} was refused as too large: {detail}"),
-            permanent: true,
-        },
-        Err(e) => Failure {
-            what: format!("the copy for {target} was not published: {e}"),
-            permanent: false,
-        },
+        Ok(Confirmation::Unroutable { reply_text, .. }) => Failure::new(
+            format!("the copy for {target} routed nowhere ({reply_text}): the queue is missing"),
+            true,
+        ),
+        Ok(other) => Failure::new(
+            format!("the copy for {target} was not confirmed: {other:?}"),
+            false,
+        ),
+        Err(TransportError::Protocol { code: 501, detail }) => Failure::new(
+            format!("the copy for {target} was refused as too large: {detail}"),
+            true,
+        ),
+        Err(e) => Failure::new(
+            format!("the copy for {target} was not published: {e}"),
+            false,
+        ),
     }
 }

@@ -6,7 +6,8 @@
 //! `message_id`, content type, reply-to and every incoming header, with the envelope fields
 //! rewritten, sized against the connection's `frame_max` first (the reason is cut to fit);
 //! the original is acked only after the copy is confirmed *and routed*. A move that does
-//! not land keeps its decision and is tried again with backoff, and every wait in the
+//! not land keeps its decision and is tried again with backoff (a copy answered in doubt
+//! while its confirm can still arrive is not published again: its confirm is waited for), and every wait in the
 //! consumer runs outside the handler slot (both in `consume::moves`); `set_aside_failed`
 //! counts each try that failed. Nothing is ever acked into nothing, and a failed move
 //! never closes the consumer's channel. A broker wait whose rung queue is missing is
@@ -257,22 +258,28 @@ impl Settler {
             let rung = retry_queue(&self.queue, wait.delay);
             let mut copy = self.engine.copy_with(&d, &rung, &next);
             let failure = match self.engine.fit(&mut copy) {
-                Err(too_large) => Failure {
-                    what: format!("the copy for {rung} cannot be sent: {too_large}"),
-                    permanent: true,
-                },
-                Ok(()) => match self.engine.publish_on_behalf(copy.clone()).await {
-                    Ok(Confirmation::Routed) => {
+                Err(too_large) => Failure::new(
+                    format!("the copy for {rung} cannot be sent: {too_large}"),
+                    true,
+                ),
+                Ok(()) => match self.engine.publish_move(copy.clone()).await {
+                    (Ok(Confirmation::Routed), _) => {
                         return Step::Done(Some(self.send(&d, ACK, Counter::Retried).await));
                     }
-                    Ok(Confirmation::Unroutable { .. }) => {
+                    (Ok(Confirmation::Unroutable { .. }), _) => {
                         // The rung does not exist: count it and wait here instead.
                         self.stats.add(Counter::RungMissing);
                         self.metrics.any().rung_missing(&rung);
                         tracing::warn!(queue = %self.queue, rung = %rung, "retry rung missing; waiting in the consumer instead");
                         return self.wait_then_retry(d, &next, wait);
                     }
-                    other => classify(&rung, other),
+                    (other, late) => {
+                        // In doubt with its confirm still to come: waited for, never sent
+                        // twice (`consume::moves`).
+                        let mut failure = classify(&rung, other);
+                        failure.late = late;
+                        failure
+                    }
                 },
             };
             // Too large, or not published: the hop is tried again with backoff.

@@ -142,6 +142,28 @@ pub enum Confirmation {
 /// The second stage of a publish: resolves when the broker confirms.
 pub type PendingConfirm = BoxFuture<'static, Result<Confirmation, TransportError>>;
 
+/// A publish whose first answer may be "in doubt" while the broker's own answer can still
+/// arrive ([`Transport::publish_tracked`]).
+pub struct TrackedConfirm {
+    /// Resolves as the [`PendingConfirm`] of [`Transport::publish`] does: the broker's
+    /// answer, or in doubt ([`TransportError::ConfirmTimeout`]) when it is late or the
+    /// connection was blocked first.
+    pub answer: PendingConfirm,
+    /// When `answer` was in doubt while the confirm could still arrive: resolves with the
+    /// broker's own answer once it comes (never `ConfirmTimeout`; `ConfirmLost` or `Closed`
+    /// when the channel goes first). `None` when the transport cannot follow it. Await it
+    /// only after `answer` said in doubt.
+    pub late: Option<PendingConfirm>,
+}
+
+impl std::fmt::Debug for TrackedConfirm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TrackedConfirm")
+            .field("late", &self.late.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
 /// How to settle a delivery.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -384,6 +406,22 @@ pub trait Transport: Send + Sync + 'static {
     /// publishing connection is blocked.
     fn publish(&self, message: Outbound) -> BoxFuture<'_, Result<PendingConfirm, TransportError>>;
 
+    /// Publishes like [`Transport::publish`], keeping a way to the broker's own answer for a
+    /// publish answered in doubt while its confirm can still arrive ([`TrackedConfirm`]), so
+    /// a caller can wait for that confirm instead of publishing a second copy. The default
+    /// keeps none (`late` is `None`).
+    fn publish_tracked(
+        &self,
+        message: Outbound,
+    ) -> BoxFuture<'_, Result<TrackedConfirm, TransportError>> {
+        Box::pin(async move {
+            Ok(TrackedConfirm {
+                answer: self.publish(message).await?,
+                late: None,
+            })
+        })
+    }
+
     /// Subscribes to a queue with a prefetch window.
     fn consume(
         &self,
@@ -400,6 +438,14 @@ pub trait Transport: Send + Sync + 'static {
     /// Declares a queue; a different existing one fails with
     /// [`TransportError::PreconditionFailed`]. Returns the queue's counts and name.
     fn declare_queue(&self, decl: &QueueDecl) -> BoxFuture<'_, Result<QueueInfo, TransportError>>;
+
+    /// Declares a queue only to learn whether the broker's queue matches `decl`, without
+    /// remembering it (it is not declared again after a recovery): a different existing
+    /// one fails with [`TransportError::PreconditionFailed`] (on RabbitMQ a 406 that closes
+    /// only the channel it was tried on). The default is [`Transport::declare_queue`].
+    fn check_queue(&self, decl: &QueueDecl) -> BoxFuture<'_, Result<QueueInfo, TransportError>> {
+        self.declare_queue(decl)
+    }
 
     /// Binds a queue to an exchange.
     fn bind_queue(&self, decl: &BindingDecl) -> BoxFuture<'_, Result<(), TransportError>>;

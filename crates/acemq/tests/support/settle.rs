@@ -63,3 +63,79 @@ pub fn header_str(d: &Delivery, name: &str) -> String {
         .unwrap_or_default()
         .to_owned()
 }
+
+/// A consumer of `q` under `policy` whose handler records each run in the [`Seen`] it
+/// returns and always fails with a retryable error.
+pub async fn consume_always_failing(
+    mq: &Connection,
+    q: &str,
+    policy: acemq::retry::RetryPolicy,
+) -> (acemq::consume::Consumer, Seen) {
+    let seen = Seen::default();
+    let s = seen.clone();
+    let consumer = mq
+        .consume(
+            q,
+            acemq::consume::ConsumerOptions::default()
+                .prefetch(20)
+                .retry(policy),
+            move |m: Message<serde_json::Value>| {
+                let s = s.clone();
+                async move {
+                    s.record(&m);
+                    Err::<(), _>(acemq::consume::HandlerError::retry("always fails"))
+                }
+            },
+        )
+        .await
+        .unwrap();
+    (consumer, seen)
+}
+
+/// Waits until the messages `ids` of `q` have all ended in `{q}.dlq` and nothing of them
+/// is left anywhere (the consumer holds none, `q` is empty), then asserts each one's
+/// handler ran exactly `attempts` times, with attempts 1..=attempts, and `{q}.dlq` holds
+/// exactly one copy of each.
+pub async fn assert_runs_equal_attempts(
+    t: &dyn acemq::transport::Transport,
+    consumer: &acemq::consume::Consumer,
+    seen: &Seen,
+    q: &str,
+    ids: &[String],
+    attempts: i32,
+    timeout: Duration,
+) {
+    let dlq = format!("{q}.dlq");
+    let n = u32::try_from(ids.len()).unwrap();
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut state = (0, 0, 0);
+    while tokio::time::Instant::now() < deadline {
+        let dead = t.inspect_queue(&dlq).await.map_or(0, |i| i.message_count);
+        let left = t.inspect_queue(q).await.map_or(0, |i| i.message_count);
+        state = (dead, left, consumer.in_flight());
+        if dead >= n && left == 0 && consumer.in_flight() == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!(
+        "observed: (dead letters, left in {q}, in flight) = {state:?}; {:?}; {:?}",
+        consumer.stats(),
+        consumer.moves()
+    );
+    let runs: Vec<(String, Vec<i32>)> = ids.iter().map(|id| (id.clone(), seen.get(id))).collect();
+    eprintln!(
+        "observed: {} handler runs for {} messages: {runs:?}",
+        seen.total(),
+        ids.len()
+    );
+    let want: Vec<i32> = (1..=attempts).collect();
+    for (id, got) in &runs {
+        assert_eq!(got, &want, "{id}: one run per attempt");
+    }
+    assert_eq!(
+        t.inspect_queue(&dlq).await.unwrap().message_count,
+        n,
+        "one dead letter each"
+    );
+}

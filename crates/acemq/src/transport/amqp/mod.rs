@@ -60,8 +60,8 @@ use self::subscription::{AmqpSubscription, Generation, bounded};
 use self::topology::timed;
 use super::recovery::{Declared, DeclaredTopology, Events, RecoveryEvent, Side};
 use super::{
-    BoxFuture, ConsumeSpec, Delivery, Outbound, PendingConfirm, QueueInfo, Subscription, Transport,
-    TransportError, TransportStatus,
+    BoxFuture, ConsumeSpec, Delivery, Outbound, PendingConfirm, QueueInfo, Subscription,
+    TrackedConfirm, Transport, TransportError, TransportStatus,
 };
 use crate::topology::{BindingDecl, ExchangeDecl, ExchangeKind, QueueDecl};
 
@@ -241,6 +241,13 @@ impl Transport for AmqpTransport {
         Box::pin(self.inner.publisher.publish(message))
     }
 
+    fn publish_tracked(
+        &self,
+        message: Outbound,
+    ) -> BoxFuture<'_, Result<TrackedConfirm, TransportError>> {
+        Box::pin(self.inner.publisher.publish_tracked(message))
+    }
+
     fn consume(
         &self,
         spec: ConsumeSpec,
@@ -319,6 +326,11 @@ impl Transport for AmqpTransport {
             self.inner.declared.record(Declared::Queue(decl));
             Ok(info)
         })
+    }
+
+    fn check_queue(&self, decl: &QueueDecl) -> BoxFuture<'_, Result<QueueInfo, TransportError>> {
+        let decl = decl.clone();
+        Box::pin(async move { self.inner.queue_op(&decl.name, false, Some(&decl)).await })
     }
 
     fn bind_queue(&self, decl: &BindingDecl) -> BoxFuture<'_, Result<(), TransportError>> {

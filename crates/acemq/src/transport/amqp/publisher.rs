@@ -47,6 +47,11 @@
 //!   ([`TransportError::ConfirmTimeout`]) as soon as the block is seen, instead of after
 //!   `confirm_timeout`. If the block arrives while a publish's frames are still queued in
 //!   lapin, they stay queued and go out after the unblock: that publish is in doubt too.
+//! * **The late answer.** A publish made with `publish_tracked` (the engine's moves) keeps
+//!   a second reply: when its first answer was in doubt (a timeout or a block) the
+//!   collector sends the broker's own answer there once the confirm resolves, so a move
+//!   waits for it instead of publishing a second copy that would also be delivered. (A
+//!   publish still queued in lapin when the block is seen has no late answer.)
 
 use std::collections::VecDeque;
 use std::collections::hash_map::DefaultHasher;
@@ -66,7 +71,9 @@ use super::errors::{from_lapin, named_exchange};
 use super::link::Link;
 use super::returns::{Returned, Returns, Written, horizon, return_key};
 use crate::error::ErrorKind;
-use crate::transport::{Confirmation, Outbound, PendingConfirm, TransportError, TransportStatus};
+use crate::transport::{
+    Confirmation, Outbound, PendingConfirm, TrackedConfirm, TransportError, TransportStatus,
+};
 
 type Reply = oneshot::Sender<Result<Confirmation, TransportError>>;
 
@@ -83,6 +90,9 @@ struct Pending {
     confirm: PublisherConfirm,
     /// `None` once answered (by a timeout).
     reply: Option<Reply>,
+    /// Where the broker's own answer goes when `reply` was answered in doubt first
+    /// ([`Publisher::publish_tracked`]).
+    late: Option<Reply>,
 }
 
 /// The live publisher channel and its collector.
@@ -196,6 +206,24 @@ impl Publisher {
 
     /// Publishes one message; see the module docs.
     pub(crate) async fn publish(&self, m: Outbound) -> Result<PendingConfirm, TransportError> {
+        Ok(self.publish_inner(m, false).await?.answer)
+    }
+
+    /// [`Publisher::publish`], keeping the broker's own answer for a publish answered in
+    /// doubt while its confirm can still arrive (a timeout, or a block seen after it was
+    /// written): [`TrackedConfirm::late`].
+    pub(crate) async fn publish_tracked(
+        &self,
+        m: Outbound,
+    ) -> Result<TrackedConfirm, TransportError> {
+        self.publish_inner(m, true).await
+    }
+
+    async fn publish_inner(
+        &self,
+        m: Outbound,
+        track: bool,
+    ) -> Result<TrackedConfirm, TransportError> {
         crate::transport::check_short(&m.exchange)?;
         crate::transport::check_short(&m.routing_key)?;
         let exchange_hash = exchange_tag(&m.exchange);
@@ -258,6 +286,12 @@ impl Publisher {
         };
         let confirm = written.map_err(from_lapin)?;
         let (reply, answer) = oneshot::channel();
+        let (late, late_answer) = if track {
+            let (tx, rx) = oneshot::channel();
+            (Some(tx), Some(rx))
+        } else {
+            (None, None)
+        };
         let pending = Pending {
             message_id,
             exchange: exchange_hash,
@@ -265,6 +299,7 @@ impl Publisher {
             published: started,
             confirm,
             reply: Some(reply),
+            late,
         };
         if live.collector.send(pending).is_err() {
             return Err(TransportError::Closed {
@@ -272,14 +307,10 @@ impl Publisher {
             });
         }
         drop((guard, in_flight));
-        Ok(Box::pin(async move {
-            answer.await.unwrap_or_else(|_| {
-                Err(TransportError::ConfirmLost {
-                    detail: "the publisher's confirm collector stopped before answering".into(),
-                    source: None,
-                })
-            })
-        }))
+        Ok(TrackedConfirm {
+            answer: awaited(answer),
+            late: late_answer.map(awaited),
+        })
     }
 
     /// The live publisher channel, opening a new one (with its collector) when there is none
@@ -346,6 +377,18 @@ impl Publisher {
     pub(crate) async fn release(&self) {
         self.state.lock().await.live = None;
     }
+}
+
+/// The confirm future of one reply channel (a collector that stopped is `ConfirmLost`).
+fn awaited(answer: oneshot::Receiver<Result<Confirmation, TransportError>>) -> PendingConfirm {
+    Box::pin(async move {
+        answer.await.unwrap_or_else(|_| {
+            Err(TransportError::ConfirmLost {
+                detail: "the publisher's confirm collector stopped before answering".into(),
+                source: None,
+            })
+        })
+    })
 }
 
 /// Resolves once lapin reports the connection blocked (or the status sender is gone).
@@ -559,7 +602,7 @@ fn answer(batch: &mut Vec<Done>, returns: &mut Returns, watermark: u64) {
             Ok(_) => Ok(returns.outcome(own_return, pending.message_id.as_deref(), pending.seq)),
             Err(e) => Err(rejected(e, pending.exchange)),
         };
-        if let Some(reply) = pending.reply {
+        if let Some(reply) = pending.reply.or(pending.late) {
             let _ = reply.send(outcome);
         }
     }

@@ -74,8 +74,8 @@ pub use inspect::{MessageSnapshot, SettlementCounts};
 
 use super::recovery::{Declared, DeclaredTopology, Events, RecoveryEvent, RecoveryPolicy};
 use super::{
-    BoxFuture, ConsumeSpec, Delivery, Outbound, PendingConfirm, QueueInfo, Subscription, Transport,
-    TransportError, TransportStatus,
+    BoxFuture, ConsumeSpec, Delivery, Outbound, PendingConfirm, QueueInfo, Subscription,
+    TrackedConfirm, Transport, TransportError, TransportStatus,
 };
 use crate::topology::{BindingDecl, ExchangeDecl, QueueDecl};
 use dispatch::Channel;
@@ -284,7 +284,20 @@ impl Transport for MemoryTransport {
 
     /// Publishes synchronously: the confirm is already known when the first future
     /// resolves. A missing exchange fails here (not at confirm time) with `NotFound`.
+    /// With [`MemoryBroker::delay_confirms`], a confirm still outstanding when the broker
+    /// blocks is answered in doubt at once ([`TransportError::ConfirmTimeout`]), as the AMQP
+    /// transport answers RabbitMQ's withheld confirms; the message is in its queue all the
+    /// same.
     fn publish(&self, message: Outbound) -> BoxFuture<'_, Result<PendingConfirm, TransportError>> {
+        Box::pin(async move { Ok(self.publish_tracked(message).await?.answer) })
+    }
+
+    /// [`Transport::publish`], with the broker's own answer kept in
+    /// [`TrackedConfirm::late`] for a confirm that was answered in doubt by a block.
+    fn publish_tracked(
+        &self,
+        message: Outbound,
+    ) -> BoxFuture<'_, Result<TrackedConfirm, TransportError>> {
         let r = self.with(|st, _| {
             let confirmed = st.publish(message)?;
             let lost = st.faults.lose_confirms > 0;
@@ -293,7 +306,8 @@ impl Transport for MemoryTransport {
             }
             Ok((confirmed, lost, st.faults.confirm_delay))
         });
-        ready(r.map(|(c, lost, delay)| -> PendingConfirm {
+        let status = self.inner.status.subscribe();
+        ready(r.map(|(c, lost, delay)| {
             let answer = if lost {
                 Err(TransportError::ConfirmLost {
                     detail: "an injected fault lost the confirm".into(),
@@ -302,12 +316,32 @@ impl Transport for MemoryTransport {
             } else {
                 Ok(c)
             };
-            match delay {
-                None => Box::pin(std::future::ready(answer)),
-                Some(d) => Box::pin(async move {
-                    tokio::time::sleep(d).await;
-                    answer
+            let Some(d) = delay else {
+                return TrackedConfirm {
+                    answer: Box::pin(std::future::ready(answer)),
+                    late: None,
+                };
+            };
+            let at = Instant::now() + d;
+            let started = Instant::now();
+            let late = answer.clone();
+            let mut status = status;
+            TrackedConfirm {
+                answer: Box::pin(async move {
+                    tokio::select! {
+                        () = tokio::time::sleep_until(at) => answer,
+                        Ok(_) = status.wait_for(|s| s.blocked.is_some()) => {
+                            let waited = started.elapsed().as_millis();
+                            Err(TransportError::ConfirmTimeout {
+                                millis: waited.try_into().unwrap_or(u64::MAX),
+                            })
+                        }
+                    }
                 }),
+                late: Some(Box::pin(async move {
+                    tokio::time::sleep_until(at).await;
+                    late
+                })),
             }
         }))
     }
@@ -350,6 +384,10 @@ impl Transport for MemoryTransport {
         ready(self.declaring(Declared::Queue(decl.clone()), |st, conn| {
             st.declare_queue(conn, decl)
         }))
+    }
+
+    fn check_queue(&self, decl: &QueueDecl) -> BoxFuture<'_, Result<QueueInfo, TransportError>> {
+        ready(self.with(|st, conn| st.declare_queue(conn, decl)))
     }
 
     fn bind_queue(&self, decl: &BindingDecl) -> BoxFuture<'_, Result<(), TransportError>> {

@@ -194,7 +194,11 @@ impl MemoryBroker {
         self.lock().faults.lose_confirms = n;
     }
 
-    /// Confirms arrive `delay` after the publish (`None`: at once).
+    /// Confirms arrive `delay` after the publish (`None`: at once); the message is in its
+    /// queue at once. A confirm still outstanding when the broker [blocks](MemoryBroker::block)
+    /// is answered in doubt (`ConfirmTimeout`) at once, as the AMQP transport answers
+    /// RabbitMQ's withheld confirms; its real answer still comes after `delay`, through
+    /// [`TrackedConfirm::late`](crate::transport::TrackedConfirm).
     pub fn delay_confirms(&self, delay: Option<std::time::Duration>) {
         self.lock().faults.confirm_delay = delay;
     }
