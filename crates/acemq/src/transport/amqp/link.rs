@@ -162,9 +162,7 @@ impl Dialer {
         let properties = ConnectionProperties::default().with_connection_name(name.into());
         let dialled = async {
             match self.uri(&address) {
-                Ok(uri) if uri.scheme == AMQPScheme::AMQPS => {
-                    self.dial_tls(uri, properties).await
-                }
+                Ok(uri) if uri.scheme == AMQPScheme::AMQPS => self.dial_tls(uri, properties).await,
                 Ok(uri) => Connection::connect_uri(uri, properties)
                     .await
                     .map_err(from_lapin),
