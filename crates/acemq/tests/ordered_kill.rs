@@ -1,5 +1,5 @@
 //! Ordered standby takeover when the holder's **process dies** (SIGKILL, no close), on
-//! RabbitMQ: a child process (this test binary, running [`holder_process`]) holds every
+//! RabbitMQ: a child process (this test binary, running this test with the child's environment) holds every
 //! partition and handles steps, writing each to a log file as it finishes it; this process
 //! waits on standby. The child is killed in the middle of the stream: the broker notices the
 //! dead socket, the standby takes every partition over, and between the child's log and
@@ -36,19 +36,11 @@ fn ordered(mq: &Connection, name: &str) -> OrderedQueue<Step> {
         .on_failure(OnFailure::Stop)
 }
 
-/// The child's side: holds the partitions of `ACEMQ_KILL_HOLDER`, appending `key seq` to
-/// `ACEMQ_KILL_LOG` for each step it finished, until it is killed. Run only by
-/// [`the_standby_takes_over_when_the_holder_process_is_killed`] in a child process.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "the child process of the_standby_takes_over_when_the_holder_process_is_killed"]
-async fn holder_process() {
-    let (Ok(name), Ok(log), Some(url)) = (
-        std::env::var("ACEMQ_KILL_HOLDER"),
-        std::env::var("ACEMQ_KILL_LOG"),
-        support::amqp_url(),
-    ) else {
-        return;
-    };
+/// The child's side: holds the partitions of `name`, appending `key seq` to `log` for
+/// each step it finished, until it is killed. The child is this test binary running
+/// [`the_standby_takes_over_when_the_holder_process_is_killed`] with `ACEMQ_KILL_HOLDER`
+/// and `ACEMQ_KILL_LOG` set.
+async fn hold(name: String, log: String, url: String) {
     let mq = Connection::connect(&url).await.expect("connect");
     let q = ordered(&mq, &name);
     q.declare().await.expect("declare");
@@ -97,10 +89,22 @@ async fn the_standby_takes_over_when_the_holder_process_is_killed() {
     let Some(url) = support::amqp_url() else {
         return;
     };
+    if let (Ok(name), Ok(log)) = (
+        std::env::var("ACEMQ_KILL_HOLDER"),
+        std::env::var("ACEMQ_KILL_LOG"),
+    ) {
+        // This process is the child: hold until killed.
+        hold(name, log, url).await;
+        return;
+    }
     let name = unique("ordered-kill");
     let log = std::env::temp_dir().join(format!("{name}.log"));
     let mut child = std::process::Command::new(std::env::current_exe().expect("this binary"))
-        .args(["--exact", "holder_process", "--ignored", "--nocapture"])
+        .args([
+            "--exact",
+            "the_standby_takes_over_when_the_holder_process_is_killed",
+            "--nocapture",
+        ])
         .env("ACEMQ_KILL_HOLDER", &name)
         .env("ACEMQ_KILL_LOG", &log)
         .stdout(std::process::Stdio::null())
