@@ -80,6 +80,19 @@ fn split_url(url: &str) -> (String, String, String) {
     (format!("{scheme}://{user}"), host, rest[end..].to_owned())
 }
 
+/// A drill proxy in front of `target`'s broker.
+async fn proxy_to(target: &DrillTarget) -> Proxy {
+    let (_, hostport, _) = split_url(&target.url);
+    let upstream = tokio::net::lookup_host(&hostport)
+        .await
+        .expect("the broker's address resolves")
+        .next()
+        .expect("the broker's address");
+    Proxy::start(upstream)
+        .await
+        .expect("the drill proxy starts")
+}
+
 /// `url` through `127.0.0.1:port`, with `query` (e.g. `heartbeat=2`) added unless empty.
 fn via(url: &str, port: u16, query: &str) -> String {
     let (head, _, tail) = split_url(url);
@@ -330,13 +343,7 @@ async fn drill_network_cut() {
     let Some(target) = DrillTarget::from_env() else {
         return;
     };
-    let (_, hostport, _) = split_url(&target.url);
-    let upstream = tokio::net::lookup_host(&hostport)
-        .await
-        .unwrap()
-        .next()
-        .expect("the broker's address");
-    let proxy = Proxy::start(upstream).await.unwrap();
+    let proxy = proxy_to(&target).await;
     let name = drill_name("network-cut");
     let mq = connect_named_with_heartbeat(&via(&target.url, proxy.port(), ""), &name, 2)
         .await
@@ -382,13 +389,7 @@ async fn drill_flapping_link() {
     let Some(target) = DrillTarget::from_env() else {
         return;
     };
-    let (_, hostport, _) = split_url(&target.url);
-    let upstream = tokio::net::lookup_host(&hostport)
-        .await
-        .unwrap()
-        .next()
-        .expect("the broker's address");
-    let proxy = Proxy::start(upstream).await.unwrap();
+    let proxy = proxy_to(&target).await;
     let name = drill_name("flapping");
     let mq = connect_named(&via(&target.url, proxy.port(), ""), &name)
         .await
