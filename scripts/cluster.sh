@@ -16,16 +16,24 @@
 #
 # Each node has its own config file (`listeners.tcp.local`, `loopback_users = none`, so
 # guest/guest works on 127.0.0.1:568N), its own env file, and its data, logs and pid file in
-# $ACEMQ_CLUSTER_DIR/<node> (default /tmp/acemq-cluster), owned by the rabbitmq user. The
+# <base>/<node>. The base is a fresh directory from `mktemp -d` (under $ACEMQ_CLUSTER_DIR,
+# default $TMPDIR or /tmp), handed to the rabbitmq user, and everything in it is written
+# and removed as that user: nothing here removes or re-owns a tree as root. `start`
+# records the base in a state file ($ACEMQ_CLUSTER_STATE, default
+# <repo>/target/acemq-cluster.state), which `stop` reads to find it and then deletes. The
 # nodes run as that user with HOME=/var/lib/rabbitmq, so they share the system node's
 # Erlang cookie with rabbitmqctl. Needs root (or the rabbitmq user).
 #
-# Environment: ACEMQ_CLUSTER_DIR, ACEMQ_CLUSTER_TIMEOUT (seconds for start, default 180).
+# Environment: ACEMQ_CLUSTER_DIR, ACEMQ_CLUSTER_STATE, ACEMQ_CLUSTER_TIMEOUT (seconds for
+# start, default 180).
 set -euo pipefail
 
 export PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin"
 
-BASE="${ACEMQ_CLUSTER_DIR:-/tmp/acemq-cluster}"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
+PARENT="${ACEMQ_CLUSTER_DIR:-${TMPDIR:-/tmp}}"
+STATE="${ACEMQ_CLUSTER_STATE:-$ROOT/target/acemq-cluster.state}"
+BASE="" # set by new_base (start) or recorded_base (start, stop)
 TIMEOUT="${ACEMQ_CLUSTER_TIMEOUT:-180}"
 NODES=(r1 r2 r3)
 RABBIT_HOME=/var/lib/rabbitmq
@@ -61,6 +69,30 @@ node_up() {
   ctl "$1" status >/dev/null 2>&1
 }
 
+# The base directory `start` recorded, when the record names one this script made: a real
+# directory (not a symlink) called acemq-cluster.*, owned by the rabbitmq user. Prints
+# nothing otherwise.
+recorded_base() {
+  local b
+  [ -f "$STATE" ] || return 0
+  b="$(head -n 1 "$STATE")"
+  case "$(basename -- "$b")" in acemq-cluster.*) ;; *) return 0 ;; esac
+  if [ -d "$b" ] && [ ! -L "$b" ] && [ "$(stat -c %U -- "$b")" = rabbitmq ]; then
+    printf '%s\n' "$b"
+  fi
+}
+
+# A fresh base directory for this cluster, handed to the rabbitmq user, and recorded.
+new_base() {
+  mkdir -p "$PARENT" "$(dirname -- "$STATE")"
+  BASE="$(mktemp -d "$PARENT/acemq-cluster.XXXXXXXX")"
+  # mktemp made it 0700 and ours alone; the nodes (the rabbitmq user) own it from here.
+  if [ "$(id -un)" != rabbitmq ]; then
+    chown rabbitmq:rabbitmq "$BASE"
+  fi
+  printf '%s\n' "$BASE" >"$STATE"
+}
+
 # The number of running nodes r1 reports (0 when r1 is down).
 running_count() {
   local out
@@ -82,17 +114,19 @@ start_node() {
   if ss -ltn "( sport = :$port or sport = :$dist )" | grep -q LISTEN; then
     die "port $port or $dist is taken by another process; cannot start $n@localhost"
   fi
-  rm -rf "$dir"
-  mkdir -p "$dir/mnesia" "$dir/log"
-  printf 'listeners.tcp.local = 127.0.0.1:%s\nloopback_users = none\n' "$port" >"$dir/rabbitmq.conf"
-  echo '[].' >"$dir/enabled_plugins"
+  # A node directory that is not running is started afresh, as the rabbitmq user, who owns
+  # the base and everything in it.
+  as_rabbitmq rm -rf -- "$dir"
+  as_rabbitmq mkdir -p "$dir/mnesia" "$dir/log"
+  printf 'listeners.tcp.local = 127.0.0.1:%s\nloopback_users = none\n' "$port" |
+    as_rabbitmq tee "$dir/rabbitmq.conf" >/dev/null
+  echo '[].' | as_rabbitmq tee "$dir/enabled_plugins" >/dev/null
   # Our own env file instead of /etc/rabbitmq/rabbitmq-env.conf, which names rabbit@localhost.
-  cat >"$dir/rabbitmq-env.conf" <<EOF
+  as_rabbitmq tee "$dir/rabbitmq-env.conf" >/dev/null <<EOF
 NODENAME=$n@localhost
 ERL_EPMD_ADDRESS=127.0.0.1
 export ERL_FLAGS="-kernel inet_dist_use_interface {127,0,0,1}"
 EOF
-  chown -R rabbitmq:rabbitmq "$BASE"
   echo "starting $n@localhost on 127.0.0.1:$port (distribution $dist)"
   (
     cd "$dir"
@@ -109,7 +143,7 @@ EOF
       RABBITMQ_LOG_BASE="$dir/log" \
       RABBITMQ_PID_FILE="$dir/pid" \
       RABBITMQ_ENABLED_PLUGINS_FILE="$dir/enabled_plugins" \
-      "$SERVER" -detached >"$dir/startup.log" 2>&1
+      sh -c 'exec "$0" -detached >"$1" 2>&1' "$SERVER" "$dir/startup.log"
   ) || die "rabbitmq-server -detached failed for $n@localhost (see $dir/startup.log)"
 }
 
@@ -132,7 +166,10 @@ cmd_start() {
   local start deadline n
   start="$(date +%s)"
   deadline=$((start + TIMEOUT))
-  mkdir -p "$BASE"
+  BASE="$(recorded_base)"
+  if [ -z "$BASE" ]; then
+    new_base
+  fi
   for n in "${NODES[@]}"; do start_node "$n"; done
   for n in "${NODES[@]}"; do await_node "$n" "$deadline"; done
   for n in "${NODES[@]:1}"; do
@@ -155,8 +192,10 @@ cmd_start() {
 
 cmd_stop() {
   local n dir pid
+  BASE="$(recorded_base)"
   for n in "${NODES[@]}"; do
-    dir="$BASE/$n"
+    # Without a recorded base the nodes are still stopped by name; there are no files.
+    dir="${BASE:-/nonexistent}/$n"
     if node_up "$n"; then
       echo "stopping $n@localhost"
       if [ -f "$dir/pid" ]; then
@@ -178,9 +217,14 @@ cmd_stop() {
         kill -9 "$pid" 2>/dev/null || true
       fi
     fi
-    rm -rf "$dir"
+    if [ -n "$BASE" ]; then
+      as_rabbitmq rm -rf -- "$dir"
+    fi
   done
-  rmdir "$BASE" 2>/dev/null || true
+  if [ -n "$BASE" ]; then
+    rmdir -- "$BASE" 2>/dev/null || echo "cluster.sh: $BASE is not empty; left in place" >&2
+  fi
+  rm -f -- "$STATE"
   echo "cluster stopped"
 }
 

@@ -2,16 +2,25 @@
 # The AceMQ test command: `scripts/test.sh [extra cargo test args]`
 #
 #   1. scripts/services.sh   ensure RabbitMQ, PostgreSQL, MariaDB are up
-#   2. cargo fmt --check
-#   3. cargo clippy (all targets, all features, warnings are errors), cargo doc (same)
-#   4. cargo test --workspace --all-features [extra args], in parallel, without the tests
-#      that change global broker state
+#   2. cargo fmt --check; scripts/check-layout.py (transport/ imports nothing above it, no
+#      import circle across two top-level modules, no file over 600 lines without a reason)
+#   3. cargo clippy (all targets, all features, warnings are errors), cargo doc (same); then
+#      clippy on the other builds the crates promise: acemq memory-only
+#      (--no-default-features --features testing, all targets) and acemq-sql with each
+#      backend alone (postgres, mysql, sqlite); cargo package of the three published crates
+#      (each builds from its own tarball)
+#   4. cargo test --workspace --all-features [extra args], in parallel; the tests that
+#      change global broker state and the drills are #[ignore]d, so they are not among
+#      them; then acemq with its default features (unit and integration tests) and
+#      memory-only (unit and integration tests on memory:// alone: that build has no
+#      RabbitMQ transport)
 #   5. cargo run -p acemq --example quickstart, on memory:// and on RabbitMQ (ACEMQ_URL);
-#      the examples/ that need no services, on memory://
-#   6. one at a time: those tests, then the recovery drills (issue 10), which stop the
-#      broker, force-close connections and start a local 3-node cluster
-#      (scripts/cluster.sh) and a TLS node (scripts/tls-node.sh); a trap restores the
-#      broker and stops both whatever happens
+#      the examples/ that need no services, on memory://; the operator console in headless
+#      Chromium (Debian's chromium and chromium-driver, installed as root when missing)
+#   6. one at a time: the serial tests (`--ignored` in acemq's `serial` test binary), then
+#      the recovery drills, which stop the broker, force-close connections and start a
+#      local 3-node cluster (scripts/cluster.sh) and a TLS node (scripts/tls-node.sh); a
+#      trap restores the broker and stops both whatever happens
 #
 # Stops at the first failure. Works from any directory. Extra arguments go to
 # `cargo test`, e.g. `scripts/test.sh -- --nocapture`.
@@ -22,7 +31,7 @@
 #   ACEMQ_TEST_POSTGRES_URL   postgres://postgres@127.0.0.1:5432/test
 #   ACEMQ_TEST_MYSQL_URL      mysql://root@127.0.0.1:3306/test
 #   ACEMQ_FAMILY_FIXTURES     <repo>/../shared/fixtures, only if it exists
-#   ACEMQ_SKIP_DRILLS         1 skips step 5 outside CI (it needs root for rabbitmqctl)
+#   ACEMQ_SKIP_DRILLS         1 skips step 6 outside CI (it needs root for rabbitmqctl)
 set -euo pipefail
 
 export PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin"
@@ -81,31 +90,47 @@ echo "ACEMQ_FAMILY_FIXTURES=${ACEMQ_FAMILY_FIXTURES:-<unset>}"
 step "cargo fmt --all -- --check"
 cargo fmt --all -- --check
 
+step "scripts/check-layout.py"
+python3 scripts/check-layout.py
+
 step "cargo clippy --workspace --all-targets --all-features -- -D warnings"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
 
 step "cargo doc --workspace --all-features --no-deps (warnings are errors)"
 RUSTDOCFLAGS="${RUSTDOCFLAGS:-} -D warnings" cargo doc --workspace --all-features --no-deps
 
-# Tests that change global broker state (a memory alarm blocks every publisher) run in the
-# serial step below, not beside the others: every test of these targets is skipped in the
-# parallel step by its exact name (`--exact`: a plain `--skip` matches by substring and
-# once skipped two unrelated tests whose names contain a serial test's name).
-SERIAL_TESTS=(amqp_blocked blocked_health amqp_blocked_moves)
-SERIAL_SKIP=(--exact)
-for t in "${SERIAL_TESTS[@]}"; do
-  names="$(cargo test -q -p acemq --all-features --test "$t" -- --list 2>/dev/null |
-    sed -n 's/^\([A-Za-z0-9_:]*\): test$/\1/p')"
-  [ -n "$names" ] || { echo "test.sh: no tests listed in the serial target $t" >&2; exit 1; }
-  while read -r name; do SERIAL_SKIP+=(--skip "$name"); done <<<"$names"
+# The builds besides --all-features that the crates promise, each checked on its own: acemq
+# without its default `amqp` feature (memory:// only, no lapin, no TLS stack), and each SQL
+# backend of acemq-sql alone (its code for the other backends compiled out, not dead).
+step "cargo clippy -p acemq --no-default-features --features testing --all-targets -- -D warnings"
+cargo clippy -p acemq --no-default-features --features testing --all-targets -- -D warnings
+for backend in postgres mysql sqlite; do
+  step "cargo clippy -p acemq-sql --features $backend -- -D warnings"
+  cargo clippy -p acemq-sql --features "$backend" -- -D warnings
 done
-case " $* " in
-*" -- "*) test_args=("$@" "${SERIAL_SKIP[@]}") ;;
-*) test_args=("$@" -- "${SERIAL_SKIP[@]}") ;;
-esac
 
-step "cargo test --workspace --all-features ${test_args[*]}"
-cargo test --workspace --all-features "${test_args[@]}"
+# Each published crate builds from its own package, as crates.io and docs.rs get it (cargo
+# packages the workspace members against each other). --allow-dirty: local runs too.
+step "package"
+cargo package --allow-dirty -p acemq -p acemq-sql -p acemq-cli
+
+# The tests that change global broker state are #[ignore = "serial: ..."] (in acemq's
+# `serial` test binary), as are the drills: a plain `cargo test` leaves both out, and step
+# 6 runs them one at a time.
+step "cargo test --workspace --all-features $*"
+cargo test --workspace --all-features "$@"
+
+# acemq as most users build it (default features): the unit and integration tests.
+step "cargo test -p acemq --lib --test it (default features)"
+cargo test -p acemq --lib --test it
+
+# The memory-only build runs on memory:// alone: without the `amqp` feature there is no
+# RabbitMQ transport to test (the tests' support says so at compile time; the broker is
+# still required everywhere else). Its unit and
+# integration tests; the doctests run in the --all-features step (some show RabbitMQ
+# options).
+step "cargo test -p acemq --no-default-features --features testing --lib --tests (memory:// only)"
+cargo test -p acemq --no-default-features --features testing --lib --tests
 
 # The README's first command must work: the quickstart on memory://, then on the broker.
 step "cargo run -p acemq --example quickstart (memory://)"
@@ -115,12 +140,29 @@ step "cargo run -p acemq --example quickstart (RabbitMQ at ACEMQ_TEST_AMQP_URL)"
 ACEMQ_URL="$ACEMQ_TEST_AMQP_URL" cargo run -q -p acemq --example quickstart
 
 # The examples that need no services run on memory:// (the rest are built by cargo test).
-for example in publish_202 custom_codec replay_dead_letters outbox_axum; do
+for example in publish_202 custom_codec replay_dead_letters outbox_axum scheduled_reminder pipeline_orders saga_booking; do
   step "cargo run -p acemq-examples --example $example (memory://)"
   env -u ACEMQ_URL cargo run -q -p acemq-examples --example "$example"
 done
 
-# --- drills: one at a time, after the parallel tests (issue 10) -------------------------
+# The operator console in a real browser: acemq-cli's #[ignore]d browser test starts
+# `acemq console` against the broker and drives headless Chromium over WebDriver
+# (chromedriver). Screenshots: $CARGO_TARGET_DIR (else target/)/console-screenshots/.
+step "console in headless Chromium (cargo test -p acemq-cli --test it -- --ignored console_browser)"
+if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "test.sh: chromium or chromedriver missing; run: sudo apt-get install -y chromium chromium-driver" >&2
+    exit 1
+  fi
+  echo "installing chromium chromium-driver"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y -qq chromium chromium-driver >/dev/null 2>&1 ||
+    { apt-get update -qq >/dev/null && apt-get install -y -qq chromium chromium-driver >/dev/null; } ||
+    { echo "test.sh: apt-get install chromium chromium-driver failed" >&2; exit 1; }
+fi
+cargo test -p acemq-cli --all-features --test it -- --ignored console_browser
+
+# --- serial tests and drills: one at a time, after the parallel tests -------------------
 # Put the broker back whatever happens: the app running, the watermark at 0.4, the local
 # cluster and the TLS node gone. Only ever started/changed on the nodes the drills use.
 restore_broker() {
@@ -172,10 +214,15 @@ else
   trap restore_broker EXIT
   trap 'exit 130' INT TERM
 
-  serial=()
-  for t in "${SERIAL_TESTS[@]}"; do serial+=(--test "$t"); done
+  # Every test of the `serial` binary is #[ignore = "serial: ..."]; an empty list means
+  # they were not built (or lost their mark), which must not pass as "nothing failed".
   step "serial: tests that change global broker state, one at a time"
-  cargo test -p acemq --all-features "${serial[@]}" -- --test-threads=1
+  serial_list="$(cargo test -q -p acemq --all-features --test serial -- --ignored --list)"
+  if ! printf '%s\n' "$serial_list" | grep -q ': test$'; then
+    echo "test.sh: no serial tests listed (cargo test --test serial -- --ignored --list)" >&2
+    exit 1
+  fi
+  cargo test -p acemq --all-features --test serial -- --ignored --test-threads=1
 
   drills_start=$SECONDS
   step "drills: local 3-node cluster (scripts/cluster.sh start)"

@@ -16,7 +16,7 @@ mod request;
 mod scenario;
 mod stats;
 mod wait;
-/// Codec-wrapper scenarios: encryption and claim check (issue 15).
+/// Codec-wrapper scenarios: encryption and claim check.
 pub mod wrappers;
 pub use ace::{
     acemq_confirm_each, acemq_consume, acemq_pipelined, acemq_retry, memory_publish_consume,

@@ -1,4 +1,4 @@
-//! Scenario 7: request/reply round trips (issue 14).
+//! Scenario 7: request/reply round trips (a requester and a responder on one queue).
 //!
 //! One responder (prefetch [`PREFETCH`](crate::PREFETCH), concurrency
 //! [`RESPONDER_CONCURRENCY`]) echoes each request; one requester keeps [`REQUEST_WINDOW`]

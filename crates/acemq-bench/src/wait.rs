@@ -1,4 +1,5 @@
-//! Scenario 6: waits release the handler slot (issue 11).
+//! Scenario 6: a message waiting for its retry in the consumer does not hold the handler
+//! slot, so the other messages go on at nearly their no-failure rate.
 //!
 //! One handler at a time (concurrency 1), a handler that works 5 ms per message, and 10% of
 //! the messages failing once with a 2 s wait in the consumer

@@ -1,4 +1,4 @@
-//! Codec-wrapper scenarios (issue 15): encode + decode throughput of the encrypting codec
+//! Codec-wrapper scenarios: encode + decode throughput of the encrypting codec
 //! (AES-256-GCM) and of the claim-check codec (inline, stored in memory, stored on disk),
 //! next to plain JSON, in messages per second. No broker: this measures the codec alone.
 //! Run with `cargo run --release -p acemq-bench -- --wrappers [--messages N] [--size B]`.

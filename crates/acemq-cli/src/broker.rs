@@ -39,12 +39,41 @@ impl Broker {
             .recovery(RecoveryPolicy::disabled());
         Connection::connect_with(&self.url, options)
             .await
-            .map_err(|e| {
-                Failure::error(format!(
-                    "cannot reach the broker at {}: {e} (set --url or ACEMQ_URL)",
-                    self.shown()
-                ))
-            })
+            .map_err(|e| self.connect_failure(&e))
+    }
+
+    /// A connection for a long-running command (`acemq console`): it reconnects after a
+    /// broker restart instead of failing, but still fails fast on the first connect.
+    pub async fn connect_lasting(&self) -> Result<Connection, Failure> {
+        let options = ConnectionOptions::default()
+            .name("acemq-console")
+            .connect_timeout(Duration::from_secs(5));
+        Connection::connect_with(&self.url, options)
+            .await
+            .map_err(|e| self.connect_failure(&e))
+    }
+
+    /// What a failed connect says: a refused login is not "cannot reach".
+    fn connect_failure(&self, e: &acemq::Error) -> Failure {
+        let text = e.to_string();
+        if text.contains("Login was refused") {
+            let user = Url::parse(&self.url)
+                .map(|u| percent_decode(u.username()))
+                .unwrap_or_default();
+            return Failure::error(format!(
+                "the broker at {} refused the login of user {:?}: check the user name and password in --url or ACEMQ_URL",
+                self.shown(),
+                if user.is_empty() {
+                    "guest".to_owned()
+                } else {
+                    user
+                }
+            ));
+        }
+        Failure::error(format!(
+            "cannot reach the broker at {}: {text} (set --url or ACEMQ_URL)",
+            self.shown()
+        ))
     }
 
     /// The management API: `--management-url` when given (its own credentials, or the

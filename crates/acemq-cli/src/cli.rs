@@ -70,6 +70,12 @@ pub enum Command {
     Topology(TopologyCommand),
     /// A service's /acemq-health as a readable summary (exit 0 UP, 1 DEGRADED, 2 DOWN).
     Health(HealthArgs),
+    /// The operator web console: queues, dead letters grouped by reason, parked messages,
+    /// stuck queues; filtered replay and purge (with --allow-mutations).
+    ///
+    /// Binds 127.0.0.1:9465 unless told otherwise; any other address needs a token
+    /// (--token-file or ACEMQ_CONSOLE_TOKEN). Read-only unless --allow-mutations.
+    Console(ConsoleArgs),
 }
 
 /// `acemq dlq ...`
@@ -99,6 +105,10 @@ pub struct ListArgs {
     /// Take the source queues from a topology file instead.
     #[arg(short = 'f', long = "file", value_name = "TOPOLOGY_TOML")]
     pub file: Option<PathBuf>,
+    /// Also show discovered queues whose .dlq and .parked are empty (hidden by default;
+    /// queues named on the command line or in a file are always shown).
+    #[arg(long)]
+    pub all: bool,
 }
 
 /// `acemq dlq peek`
@@ -199,6 +209,32 @@ pub struct TopologyArgs {
     /// The topology file (TOML; see crates/acemq-cli/examples/topology.toml).
     #[arg(short = 'f', long = "file", value_name = "TOPOLOGY_TOML")]
     pub file: PathBuf,
+}
+
+/// `acemq console`
+#[derive(Debug, Args)]
+pub struct ConsoleArgs {
+    /// The address to serve on (loopback unless a token is given).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9465")]
+    pub listen: std::net::SocketAddr,
+    /// A file holding the token every request must carry (its first line).
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// The token every request must carry (prefer --token-file: the environment of a
+    /// process can be read by its user's other processes).
+    #[arg(
+        long = "token-env",
+        env = "ACEMQ_CONSOLE_TOKEN",
+        hide_env_values = true,
+        hide = true
+    )]
+    pub token: Option<String>,
+    /// Allow replay and purge (each a POST with a CSRF token, a dry run and a confirmation).
+    #[arg(long)]
+    pub allow_mutations: bool,
+    /// Look at most this many messages per page (held unacked while looking).
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    pub peek_limit: usize,
 }
 
 /// `acemq health`

@@ -57,3 +57,15 @@ pub fn exit(outcome: Outcome) -> ExitCode {
         }
     }
 }
+
+/// As [`exit`]; with `--json` the failure is also one JSON document on stdout
+/// (`{"error": …, "exit_code": …}`), so a script reading stdout always gets JSON.
+pub fn exit_as(outcome: Outcome, json: bool) -> ExitCode {
+    if json && let Err(f) = &outcome {
+        println!(
+            "{}",
+            serde_json::json!({ "error": f.message, "exit_code": f.code })
+        );
+    }
+    exit(outcome)
+}

@@ -4,6 +4,7 @@
 
 mod broker;
 mod cli;
+mod console;
 mod dlq;
 mod fail;
 mod health;
@@ -74,7 +75,8 @@ fn main() -> ExitCode {
         Ok(rt) => rt,
         Err(e) => return fail::exit(Err(Failure::error(format!("cannot start: {e}")))),
     };
-    fail::exit(runtime.block_on(run(cli)))
+    let json = cli.json;
+    fail::exit_as(runtime.block_on(run(cli)), json)
 }
 
 async fn run(cli: Cli) -> Outcome {
@@ -87,5 +89,6 @@ async fn run(cli: Cli) -> Outcome {
         Command::Dlq(cmd) => dlq::run(cmd, &ctx).await,
         Command::Topology(cmd) => topo::run(cmd, &ctx).await,
         Command::Health(args) => health::run(args, &ctx).await,
+        Command::Console(args) => console::run(args, &ctx).await,
     }
 }

@@ -52,6 +52,47 @@ pub struct QueueStat {
     pub arguments: Map<String, Value>,
 }
 
+/// One queue with its consumers and rates (what the console lists).
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct LiveQueue {
+    /// Name.
+    pub name: String,
+    /// Ready messages.
+    #[serde(default)]
+    pub messages_ready: u64,
+    /// Delivered, not yet acked.
+    #[serde(default)]
+    pub messages_unacknowledged: u64,
+    /// Consumers attached.
+    #[serde(default)]
+    pub consumers: u64,
+    /// `classic`, `quorum`, `stream`.
+    #[serde(default, rename = "type")]
+    pub queue_type: Option<String>,
+    /// Publish and deliver rates, when the broker has them.
+    #[serde(default)]
+    pub message_stats: Option<MessageStats>,
+}
+
+/// A queue's message rates.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct MessageStats {
+    /// Publishes.
+    #[serde(default)]
+    pub publish_details: Option<Rate>,
+    /// Deliveries and gets.
+    #[serde(default)]
+    pub deliver_get_details: Option<Rate>,
+}
+
+/// One rate.
+#[derive(Clone, Copy, Debug, Default, Deserialize)]
+pub struct Rate {
+    /// Per second.
+    #[serde(default)]
+    pub rate: f64,
+}
+
 /// One binding as the management API reports it.
 #[derive(Clone, Debug, Deserialize)]
 pub struct BindingStat {
@@ -105,6 +146,16 @@ impl Management {
     pub fn queues(&self) -> Result<Vec<QueueStat>, String> {
         let path = format!(
             "/api/queues/{}?columns=name,messages_ready,messages_unacknowledged,type,durable,arguments",
+            enc(&self.vhost)
+        );
+        self.get(&path)?
+            .ok_or_else(|| format!("vhost {} not found", self.vhost))
+    }
+
+    /// Every queue of the vhost with its consumers and rates.
+    pub fn live_queues(&self) -> Result<Vec<LiveQueue>, String> {
+        let path = format!(
+            "/api/queues/{}?columns=name,messages_ready,messages_unacknowledged,consumers,type,message_stats.publish_details.rate,message_stats.deliver_get_details.rate",
             enc(&self.vhost)
         );
         self.get(&path)?

@@ -1,6 +1,6 @@
-//! # SQL-backed idempotency and the transactional outbox for AceMQ
+//! # SQL-backed idempotency, the transactional outbox and stream offsets for AceMQ
 //!
-//! Two things a service behind RabbitMQ needs a database for:
+//! What a service behind RabbitMQ needs a database for:
 //!
 //! * [`SqlIdempotencyStore`]: an [`acemq::idempotency::IdempotencyStore`] shared by every
 //!   instance behind a queue, so a redelivery that lands on another machine is still
@@ -10,6 +10,13 @@
 //! * [`outbox::Outbox`] and [`outbox::OutboxRelay`]: the transactional outbox. A message
 //!   is written in the caller's own transaction, with the business data, and becomes
 //!   durable exactly when that transaction commits; a relay publishes it afterwards.
+//! * [`offsets::SqlOffsetStore`]: an [`acemq::stream::OffsetStore`], so a stream reader
+//!   resumes after its last committed offset on whichever instance restarts it. A commit
+//!   is one upsert that keeps the highest offset.
+//! * [`cancellations::SqlCancelStore`]: an [`acemq::schedule::CancelStore`], so a
+//!   scheduled message cancelled on one instance is not delivered by any scheduler that
+//!   shares the table, across restarts. A cancellation is one insert that ignores an
+//!   existing row.
 //!
 //! Backends are sqlx 0.9 pools, one crate feature each: `postgres`, `mysql` (MySQL 8 and
 //! MariaDB) and `sqlite` (bundled). None is on by default. TLS is not enabled here; to
@@ -20,11 +27,12 @@
 //!
 //! The idempotency table is the Java member's (`TIMESTAMP WITH TIME ZONE` on PostgreSQL,
 //! `DATETIME(3)` in UTC on MySQL and MariaDB, epoch milliseconds on SQLite), so Java and
-//! Rust consumers share it; the outbox stores epoch milliseconds in `BIGINT` columns.
-//! Timestamps are computed in Rust, so no database clock or time-zone setting is involved
-//! (the instances sharing a table should have reasonably synchronised clocks). SQL is
-//! written per dialect; a configurable table name is spliced into statements only after
-//! it has been validated as an identifier (see [`TableName`]).
+//! Rust consumers share it; the outbox, the stream offsets and the scheduler's
+//! cancellations store epoch milliseconds in `BIGINT` columns (the cancellations' from the
+//! scheduler's clock, which passes them in). Timestamps are computed in Rust, so no database clock or time-zone
+//! setting is involved (the instances sharing a table should have reasonably synchronised
+//! clocks). SQL is written per dialect; a configurable table name is spliced into
+//! statements only after it has been validated as an identifier (see [`TableName`]).
 //!
 //! The library never runs DDL uninvited: `create_table_sql()` hands you the statements for
 //! a migration, and `create_table_if_absent()` exists for development and tests.
@@ -38,15 +46,19 @@
 
 #[macro_use]
 mod pool;
+pub mod cancellations;
 mod error;
 pub mod headers_json;
 mod idempotency;
 mod ident;
+pub mod offsets;
 pub mod outbox;
 
+pub use cancellations::SqlCancelStore;
 pub use error::Error;
 pub use idempotency::{IdempotencyDatabase, IdempotencyOptions, PurgeTask, SqlIdempotencyStore};
 pub use ident::TableName;
+pub use offsets::SqlOffsetStore;
 pub use pool::{Dialect, SqlPool};
 
 /// The `sqlx` this crate was built with: its pools and transactions appear in the API.

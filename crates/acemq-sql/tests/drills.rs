@@ -1,4 +1,4 @@
-//! Recovery drill (issue 10, e): the outbox relay across a broker restart, on PostgreSQL.
+//! Recovery drill: the outbox relay across a broker restart, on PostgreSQL.
 //!
 //! Rows are committed to the outbox all along (before, during and after the outage); the
 //! relay publishes them on one AceMQ connection while the broker's application is stopped

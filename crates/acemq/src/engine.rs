@@ -25,7 +25,7 @@
 //! - the pause flag for publishing, the consumers' [`Lifecycle`], the interceptors and the
 //!   health registry, with the connection's health report built from them.
 //!
-//! Nothing here knows the façade: `connection.rs` sits on top and delegates down.
+//! Nothing here knows the façade: `connection/` sits on top and delegates down.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -50,9 +50,6 @@ use crate::transport::{
     header_frame_size,
 };
 use crate::util::lock;
-
-/// The health component listing this connection's consumers.
-pub const CONSUMERS: &str = "consumers";
 
 /// Confirms the engine's own moves (retry hops, dead letters, parks, in-progress copies,
 /// replays) may await at once, apart from the application's window: a move never waits
@@ -220,6 +217,37 @@ impl Engine {
         (answer, late)
     }
 
+    /// A message published on a caller's behalf ([`Engine::publish_move`]: mandatory,
+    /// confirmed, not refused by a publishing pause) that must land: `Ok` only when the
+    /// broker confirmed it routed. A confirm in doubt is waited for, never answered by
+    /// publishing again. What the scheduler's hops and deliveries and a pipeline's hops
+    /// use before they ack what they came from.
+    pub(crate) async fn publish_landed(&self, mut message: Outbound) -> Result<(), Error> {
+        if let Err(e) = self.fit(&mut message) {
+            return Err(Error::InvalidArgument(format!(
+                "the message's headers ({} bytes) do not fit the connection's frame size ({} bytes): send fewer or smaller headers",
+                e.header, e.frame_max
+            )));
+        }
+        let id = message.properties.message_id.clone().unwrap_or_default();
+        let (exchange, routing_key) = (message.exchange.clone(), message.routing_key.clone());
+        let (answer, late) = self.publish_move(message).await;
+        let answer = match (answer, late) {
+            (Err(_), Some(late)) => late.await,
+            (answer, _) => answer,
+        };
+        match answer.map_err(Error::Transport)? {
+            Confirmation::Routed => Ok(()),
+            Confirmation::Unroutable { reply_text, .. } => Err(Error::Unroutable {
+                exchange,
+                routing_key,
+                message_id: id,
+                reply_text,
+            }),
+            _ => Err(Error::Nacked { message_id: id }),
+        }
+    }
+
     /// Sizes a copy against the connection's `frame_max` (less [`HEADER_MARGIN`]): when
     /// its content header is too large, the reason (`x-acemq-error`) is cut to fit (with a
     /// marker); when the other headers alone leave no room, [`TooLarge`] (the copy cannot
@@ -315,8 +343,18 @@ impl Engine {
         queue: &str,
         policy: Option<&RetryPolicy>,
     ) -> Result<(), Error> {
-        let topology = Topology::for_consumer(queue, policy);
-        self.declare_items(&topology, |item, source| Error::ConsumerTopology {
+        self.declare_consumer_topology(queue, &Topology::for_consumer(queue, policy))
+            .await
+    }
+
+    /// Declares a consumer's share of the topology (`topology`), refusing, naming the item
+    /// and the consumed `queue`, when it cannot.
+    pub(crate) async fn declare_consumer_topology(
+        &self,
+        queue: &str,
+        topology: &Topology,
+    ) -> Result<(), Error> {
+        self.declare_items(topology, |item, source| Error::ConsumerTopology {
             queue: queue.to_owned(),
             item,
             source,
@@ -396,8 +434,8 @@ impl Engine {
         let status = self.transport.status();
         let mut connection = connection_report(&status, &extra);
         if !status.connected && self.transport.recovering() {
-            // Lost and being redialled: not Down (seed 000: Down is a connection that is
-            // closed, and a restart would fix nothing), but not fine either.
+            // Lost and being redialled: not Down (`docs/wire.md` §9: Down is reserved for a
+            // closed connection, and a restart would fix nothing), but not fine either.
             connection.status = HealthStatus::Degraded;
             connection = connection.with_detail("recovering", true);
         }

@@ -1,59 +1,11 @@
 //! The library's error type: one enum, every variant saying what to do about it, and
 //! [`ErrorKind`], the one question a caller asks before writing a retry or an HTTP status.
+//!
+//! [`ErrorKind`] is defined with the transport's errors (the ground floor, which sorts its
+//! own errors into kinds) and re-exported here, where callers name it.
 
+pub use crate::transport::ErrorKind;
 use crate::transport::TransportError;
-
-/// What a caller can do about an error: [`Error::kind`] and [`TransportError::kind`].
-///
-/// | kind | means | what to do | variants |
-/// |---|---|---|---|
-/// | [`InDoubt`](ErrorKind::InDoubt) | the publish was written; the broker may or may not have it | publish again with the **same message id** (consumers deduplicate) or reconcile; never assume it is lost, never assume it arrived | [`TransportError::ConfirmTimeout`], [`TransportError::ConfirmLost`] |
-/// | [`Transient`](ErrorKind::Transient) | nothing was done (or it will be redone by the broker); retrying later can succeed | retry with backoff; HTTP 503 | [`Error::Blocked`] (and [`TransportError::Blocked`]), [`Error::PublishingPaused`], [`Error::Nacked`], [`TransportError::Closed`], [`TransportError::Io`], [`TransportError::AckNotSent`] (the broker redelivers), [`TransportError::Protocol`] 506 and 541 |
-/// | [`Refused`](ErrorKind::Refused) | the broker said no to what was asked | do not retry as is: fix the topology, binding or permissions | [`Error::Unroutable`], [`TransportError::NotFound`], [`TransportError::PreconditionFailed`], [`TransportError::AccessRefused`], [`TransportError::ResourceLocked`], [`TransportError::Tls`] (a TLS handshake the certificates or `TlsOptions` must fix; never retried by connecting), every other [`TransportError::Protocol`] code |
-/// | [`Invalid`](ErrorKind::Invalid) | the caller's input cannot be used | fix the call; HTTP 400 | [`Error::ReservedHeader`], [`Error::Encode`], [`Error::Decode`], [`Error::Retry`], [`Error::Topology`], [`Error::InvalidArgument`], [`Error::Config`], [`TransportError::InvalidName`], [`TransportError::Unsupported`] |
-/// | [`Closed`](ErrorKind::Closed) | the AceMQ connection (or the consumer) was closed by its owner | stop; reconnect only if that was not meant | [`Error::Closed`], [`Error::Cancelled`] |
-///
-/// Two variants take the kind of what they carry: [`Error::Batch`] that of its first
-/// failure, [`Error::ConsumerTopology`] that of the broker's answer.
-///
-/// A nack ([`Error::Nacked`]) is *transient*: RabbitMQ nacks a publish it would not take
-/// responsibility for (a full queue with `x-overflow=reject-publish`, an internal error), and
-/// publishing it again later can succeed.
-///
-/// ```
-/// use acemq::Error;
-/// use acemq::error::ErrorKind;
-/// use acemq::transport::TransportError;
-///
-/// fn status(e: &Error) -> u16 {
-///     match e.kind() {
-///         ErrorKind::Invalid => 400,
-///         ErrorKind::Refused => 422,
-///         ErrorKind::InDoubt => 202, // accepted, outcome unknown: reconcile by message id
-///         _ => 503,
-///     }
-/// }
-/// assert_eq!(status(&Error::Config("bad URL".into())), 400);
-/// assert_eq!(status(&TransportError::ConfirmTimeout { millis: 30_000 }.into()), 202);
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum ErrorKind {
-    /// The broker may or may not have it: a confirm timeout, or the connection lost after
-    /// the publish was written.
-    InDoubt,
-    /// Retrying later can succeed: the connection is down or blocked, a channel closed,
-    /// publishing paused, a nack.
-    Transient,
-    /// The broker said no: unroutable, access refused, precondition failed, not found.
-    Refused,
-    /// The caller's input: a bad name, an encode failure, an invalid argument or
-    /// configuration, a reserved header.
-    Invalid,
-    /// The AceMQ connection was closed by its owner (or the operation was cancelled by a
-    /// close).
-    Closed,
-}
 
 /// Everything that can go wrong in AceMQ.
 ///
@@ -71,8 +23,9 @@ pub enum ErrorKind {
 pub enum Error {
     /// The broker or the connection failed.
     ///
-    /// Never holds [`TransportError::Blocked`]: converting one into an [`Error`] gives
-    /// [`Error::Blocked`], the one blocked variant a caller matches.
+    /// Never holds [`TransportError::Blocked`] or [`TransportError::Config`]: converting
+    /// one into an [`Error`] gives [`Error::Blocked`] or [`Error::Config`], the one blocked
+    /// and the one configuration variant a caller matches.
     #[error(transparent)]
     Transport(TransportError),
     /// A mandatory publish reached no queue.
@@ -141,7 +94,8 @@ pub enum Error {
     /// An argument was out of range.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
-    /// A connection URL or option could not be used.
+    /// A connection URL or option could not be used (also what a
+    /// [`TransportError::Config`] converts into).
     #[error("invalid configuration: {0}")]
     Config(String),
     /// Some publishes of a batch failed; the others were confirmed.
@@ -166,12 +120,34 @@ pub enum Error {
         /// The broker's answer.
         source: TransportError,
     },
+    /// A scheduler's cancellation store could not record a cancellation
+    /// ([`Scheduler::cancel`](crate::schedule::Scheduler::cancel)): unavailable (try
+    /// again) or refused the id.
+    #[error(transparent)]
+    CancelStore(#[from] CancelError),
+    /// A saga could not be built ([`crate::saga`]).
+    #[error(transparent)]
+    Saga(#[from] crate::saga::SagaError),
     /// The operation was cancelled by the caller.
     #[error("cancelled by the caller")]
     Cancelled,
     /// The connection is closed.
     #[error("the AceMQ connection is closed")]
     Closed,
+}
+
+/// A scheduler's cancellation store that could not be used ([`crate::schedule::CancelStore`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CancelError {
+    /// The store could not be reached or refused the statement: whether the id is
+    /// cancelled is unknown. A scheduler does not deliver while it cannot ask (it retries
+    /// with backoff).
+    #[error("cancellation store unavailable: {0}; retry later")]
+    Unavailable(String),
+    /// An id or option the store cannot take.
+    #[error("invalid cancellation store input: {0}")]
+    Invalid(String),
 }
 
 impl Error {
@@ -214,16 +190,22 @@ impl Error {
             | Error::Topology(_)
             | Error::InvalidArgument(_)
             | Error::Config(_) => ErrorKind::Invalid,
+            Error::CancelStore(CancelError::Invalid(_)) => ErrorKind::Invalid,
+            Error::CancelStore(_) => ErrorKind::Transient,
+            Error::Saga(_) => ErrorKind::Invalid,
             Error::Cancelled | Error::Closed => ErrorKind::Closed,
         }
     }
 }
 
 impl From<TransportError> for Error {
-    /// Wraps a transport error; a [`TransportError::Blocked`] becomes [`Error::Blocked`].
+    /// Wraps a transport error; a [`TransportError::Blocked`] becomes [`Error::Blocked`] and
+    /// a [`TransportError::Config`] becomes [`Error::Config`], the one variant of each a
+    /// caller matches.
     fn from(e: TransportError) -> Self {
         match e {
             TransportError::Blocked { reason } => Error::Blocked { reason },
+            TransportError::Config { detail } => Error::Config(detail),
             other => Error::Transport(other),
         }
     }
@@ -325,6 +307,25 @@ mod tests {
             other,
             Error::Transport(TransportError::AckNotSent)
         ));
+    }
+
+    #[tokio::test]
+    async fn a_transport_config_error_surfaces_as_the_one_config_variant() {
+        let e = Error::from(
+            crate::transport::connect("memory://")
+                .await
+                .err()
+                .expect("no broker name"),
+        );
+        assert!(
+            matches!(&e, Error::Config(m) if m.contains("memory://orders")),
+            "{e:?}"
+        );
+        assert_eq!(e.kind(), ErrorKind::Invalid);
+        assert_eq!(
+            e.to_string(),
+            "invalid configuration: memory:// needs a broker name, e.g. memory://orders"
+        );
     }
 
     #[test]

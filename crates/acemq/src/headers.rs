@@ -141,6 +141,19 @@ impl From<bool> for HeaderValue {
     }
 }
 
+/// The consumer argument that says where a stream reader starts, and the delivery header
+/// that carries each entry's offset (re-exported as `acemq::stream::STREAM_OFFSET`).
+pub const STREAM_OFFSET: &str = "x-stream-offset";
+
+/// The offset of a delivered stream entry, from its `x-stream-offset` header (any integer
+/// width); `None` when the header is absent (not a stream delivery).
+pub(crate) fn stream_offset(headers: &Headers) -> Option<u64> {
+    headers
+        .get(STREAM_OFFSET)
+        .and_then(HeaderValue::as_i64)
+        .and_then(|v| u64::try_from(v).ok())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

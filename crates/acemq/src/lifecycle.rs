@@ -1,4 +1,4 @@
-//! Lifecycle: pausing, draining and closing (seed 000, "Shutting down").
+//! Lifecycle: pausing, draining and closing (`docs/wire.md` §12).
 //!
 //! This module owns the connection-wide consumer state: the pause gate (a delivery that
 //! arrives while consuming is paused waits there unacked and is counted in `held`), the

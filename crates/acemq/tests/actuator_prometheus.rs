@@ -1,6 +1,5 @@
 //! The opt-in Prometheus recorder. It is process-global, so this is the only test binary
 //! that installs it, and it does so once.
-#![cfg(feature = "actuator")]
 
 mod http_client;
 

@@ -1,4 +1,4 @@
-//! Observability end to end (issue 5) on `memory://` and RabbitMQ: interceptors around
+//! Observability end to end on `memory://` and RabbitMQ: interceptors around
 //! publish and consume, health from local state, the family's metrics on `/acemq-metrics`
 //! after a run with retries, dead letters and parks, a trace that crosses connections, and
 //! health Down after a dropped connection.
@@ -21,7 +21,7 @@ use acemq::observe::trace::{self, TraceContext};
 use acemq::retry::RetryPolicy;
 use acemq::transport::{Outbound, Properties};
 use support::{
-    Target, connect_with_classic_queue, declare_classic, eventually, on_each_target, spans,
+    Broker, connect_with_classic_queue, declare_classic, eventually, on_each_target, spans,
     take_one, teardown, unique,
 };
 
@@ -83,7 +83,7 @@ impl PublishInterceptor for Stamp {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn interceptors_run_in_order_after_handle_always_and_in_reverse() {
-    on_each_target(|target: Target| async move {
+    on_each_target(|target: Broker| async move {
         let (mq, q) = connect_with_classic_queue(&target, "intercept").await;
         let log: Log = Arc::default();
         mq.intercept_publish(Stamp);
@@ -161,7 +161,7 @@ async fn interceptors_run_in_order_after_handle_always_and_in_reverse() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_before_handle_error_ends_in_dlq_after_the_policys_attempts() {
-    on_each_target(|target: Target| async move {
+    on_each_target(|target: Broker| async move {
         let (mq, q) = connect_with_classic_queue(&target, "intercept-refuse").await;
         let log: Log = Arc::default();
         mq.intercept_consume(Named("gate", log.clone(), true));
@@ -287,12 +287,14 @@ async fn metrics_endpoint_counts_outcomes_and_a_trace_crosses_connections() {
     let actuator_conn = Connection::connect("memory://observability-actuator")
         .await
         .unwrap();
-    let actuator = actuator_conn
-        .start_actuator("127.0.0.1:0".parse().unwrap(), true)
+    let actuator = acemq::actuator::Actuator::for_connection(&actuator_conn)
+        .bind("127.0.0.1:0".parse().unwrap())
+        .install_prometheus_recorder()
+        .start()
         .await
         .unwrap();
     let addr = actuator.local_addr();
-    on_each_target(|target: Target| async move {
+    on_each_target(|target: Broker| async move {
         let publisher = Connection::connect(&target.url()).await.unwrap();
         let consumer_conn = Connection::connect(&target.url()).await.unwrap();
         let q = unique("metrics");
@@ -433,6 +435,52 @@ async fn metrics_endpoint_counts_outcomes_and_a_trace_crosses_connections() {
                 Some(root.span_id_hex().as_str())
             );
         }
+        // The scheduler's metrics: one message scheduled 1.2 s ahead hops once (1 s rung)
+        // and is delivered after its due time.
+        let scheduler = publisher.scheduler().await.unwrap();
+        let scheduled_to = unique("metrics-scheduled");
+        declare_classic(&publisher, &scheduled_to).await;
+        let before = http_client::get(addr, "/acemq-metrics").await.body;
+        let transport = format!(
+            "transport=\"{}\"",
+            if target.kind() == "amqp" {
+                "rabbitmq"
+            } else {
+                "memory"
+            }
+        );
+        let count = |text: &str, metric: &str| sample_sum(text, metric, &[&transport]);
+        scheduler
+            .after(Duration::from_millis(1_200), "", &scheduled_to, &1u32)
+            .await
+            .unwrap();
+        let text = eventually(
+            WAIT,
+            "the scheduled message delivered and counted",
+            || async {
+                let text = http_client::get(addr, "/acemq-metrics").await.body;
+                (count(&text, "acemq_schedule_delivered_total")
+                    > count(&before, "acemq_schedule_delivered_total"))
+                .then_some(text)
+            },
+        )
+        .await;
+        assert!(
+            count(&text, "acemq_schedule_scheduled_total")
+                > count(&before, "acemq_schedule_scheduled_total"),
+            "{text}"
+        );
+        assert!(
+            count(&text, "acemq_schedule_hops_total") > count(&before, "acemq_schedule_hops_total"),
+            "{text}"
+        );
+        assert!(
+            count(&text, "acemq_schedule_lateness_seconds_count")
+                > count(&before, "acemq_schedule_lateness_seconds_count"),
+            "{text}"
+        );
+        scheduler.close().await;
+        let _ = publisher.transport().delete_queue(&scheduled_to).await;
         let text = http_client::get(addr, "/acemq-metrics").await.body;
         for outcome in ["acked", "retried", "dead_lettered", "parked"] {
             let line = text
@@ -510,19 +558,19 @@ async fn metrics_endpoint_counts_outcomes_and_a_trace_crosses_connections() {
 /// connection, found by its unique name (no other client's).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_connection_is_down_in_health_and_loses_nothing() {
-    on_each_target(|target: Target| async move {
+    on_each_target(|target: Broker| async move {
         let name = unique("dropped");
         let mq = match &target {
             // Recovery off: Down is for a connection that is closed and stays closed (while
             // recovery redials, health says Degraded; tests/recovery_consumers.rs).
-            Target::Memory(_) => Connection::connect_with(
+            Broker::Memory(_) => Connection::connect_with(
                 &target.url(),
                 acemq::connection::ConnectionOptions::default()
                     .recovery(acemq::transport::recovery::RecoveryPolicy::disabled()),
             )
             .await
             .unwrap(),
-            Target::Amqp(url) => {
+            Broker::Amqp(url) => {
                 let t = acemq::transport::amqp::AmqpTransport::connect_with(
                     url,
                     acemq::transport::amqp::AmqpOptions::default()
@@ -559,8 +607,8 @@ async fn a_dropped_connection_is_down_in_health_and_loses_nothing() {
         assert_eq!(mq.health().status, HealthStatus::Up);
 
         match &target {
-            Target::Memory(_) => mq.transport().close().await.unwrap(),
-            Target::Amqp(_) => {
+            Broker::Memory(_) => mq.transport().close().await.unwrap(),
+            Broker::Amqp(_) => {
                 support::close_rabbit_connection_named(&format!("{name} (consume)"))
                     .await
                     .unwrap_or_else(|why| panic!("closing our own connection: {why}"));

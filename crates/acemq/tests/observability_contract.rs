@@ -1,4 +1,4 @@
-//! The scrape test (issue 13): real traffic (publish, consume, retry, dead-letter, reject,
+//! The scrape test: real traffic (publish, consume, retry, dead-letter, reject,
 //! park, unroutable) on `memory://` and RabbitMQ, then `/acemq-metrics`, `/acemq-health`
 //! and `/acemq-info` compared with `tests/contract/family-observability.json`, a fixture
 //! written by hand from the wire contract §9: metric names (Micrometer's Prometheus names),
@@ -7,7 +7,6 @@
 //! health and info documents' shapes and JSON types.
 //!
 //! This binary installs the global Prometheus recorder (`install_prometheus_recorder`), once.
-#![cfg(feature = "actuator")]
 
 mod http_client;
 mod support;
@@ -22,7 +21,7 @@ use acemq::consume::{ConsumerOptions, HandlerError, Message};
 use acemq::retry::RetryPolicy;
 use acemq::transport::{Outbound, Properties};
 use serde_json::Value;
-use support::{Target, declare_classic, eventually, on_each_target, teardown, unique};
+use support::{Broker, declare_classic, eventually, on_each_target, teardown, unique};
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -123,17 +122,17 @@ fn recorder() {
 async fn scrape_matches_the_family_fixture_on_each_transport() {
     recorder();
     let fx = fixture();
-    on_each_target(|target: Target| {
+    on_each_target(|target: Broker| {
         let fx = fx.clone();
         async move { scrape_case(&target, &fx).await }
     })
     .await;
 }
 
-async fn scrape_case(target: &Target, fx: &Value) {
+async fn scrape_case(target: &Broker, fx: &Value) {
     let transport = match target {
-        Target::Memory(_) => "memory",
-        Target::Amqp(_) => "rabbitmq",
+        Broker::Memory(_) => "memory",
+        Broker::Amqp(_) => "rabbitmq",
     };
     let mq = Connection::connect(&target.url()).await.expect("connect");
     let actuator = Actuator::for_connection(&mq)
@@ -427,7 +426,7 @@ async fn scrape_case(target: &Target, fx: &Value) {
 
     // A blocked connection (memory:// can be blocked without touching a shared broker; the
     // RabbitMQ alarm is the blocked_health drill): Up, with the contract's typed details.
-    if let Target::Memory(name) = target {
+    if let Broker::Memory(name) = target {
         let broker = acemq::transport::memory::MemoryBroker::named(name);
         broker.block("low on memory");
         eventually(WAIT, "the blocked state", || async {

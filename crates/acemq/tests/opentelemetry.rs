@@ -14,7 +14,7 @@ use acemq::headers::HeaderValue;
 use opentelemetry::trace::{SpanKind, TracerProvider as _};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
-use support::{Target, declare_classic, eventually, on_each_target, take_one, unique};
+use support::{Broker, declare_classic, eventually, on_each_target, take_one, unique};
 use tracing_subscriber::layer::SubscriberExt;
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -50,7 +50,7 @@ fn finished(name: &str) -> Option<SpanData> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_consumer_span_is_the_producers_child_in_the_exported_trace() {
     exporter();
-    on_each_target(|target: Target| async move {
+    on_each_target(|target: Broker| async move {
         let mq = acemq::Connection::connect(&target.url()).await.unwrap();
         let (q, out_q) = (unique("otel-in"), unique("otel-out"));
         declare_classic(&mq, &q).await;

@@ -30,6 +30,7 @@ struct Counts {
 /// Runs `acemq dlq list`.
 pub async fn run(args: ListArgs, ctx: &Context) -> Outcome {
     let mgmt = ctx.management_if_reachable();
+    let asked_for_some = !args.queues.is_empty() || args.file.is_some();
     let mut named: BTreeSet<String> = args.queues.iter().cloned().collect();
     if let Some(path) = &args.file {
         let t = file::load(path)?;
@@ -111,6 +112,19 @@ pub async fn run(args: ListArgs, ctx: &Context) -> Outcome {
     }
     let _ = mq.close().await;
 
+    // On a shared broker most companions are empty: discovered ones are hidden unless
+    // --all (named ones are what the operator asked about).
+    let empty = |c: &Result<Option<Counts>, String>| match c {
+        Ok(Some(c)) => c.ready == 0 && c.unacked.unwrap_or(0) == 0,
+        Ok(None) => true,
+        Err(_) => false,
+    };
+    let before = rows.len();
+    if mgmt.is_some() && !asked_for_some && !args.all {
+        rows.retain(|(_, d, p, _, _)| !(empty(d) && empty(p)));
+    }
+    let hidden = before - rows.len();
+
     if ctx.out.json {
         let c = |c: &Result<Option<Counts>, String>| match c {
             Ok(Some(c)) => json!({"ready": c.ready, "unacked": c.unacked}),
@@ -132,9 +146,16 @@ pub async fn run(args: ListArgs, ctx: &Context) -> Outcome {
         ctx.out.print_json(&json!({
             "discovery": if mgmt.is_some() { "management" } else { "named" },
             "queues": list,
+            "hidden_empty": hidden,
         }));
     } else if rows.is_empty() {
-        println!("no dead-letter or parked queues found");
+        if hidden > 0 {
+            println!(
+                "no dead letters or parked messages ({hidden} empty queues hidden; --all shows them)"
+            );
+        } else {
+            println!("no dead-letter or parked queues found");
+        }
     } else {
         let mut t = table(&[
             "QUEUE",
@@ -161,6 +182,14 @@ pub async fn run(args: ListArgs, ctx: &Context) -> Outcome {
             ]);
         }
         print_table(&t);
+        if hidden > 0 {
+            println!(
+                "\n{}",
+                ctx.out.dim(&format!(
+                    "{hidden} queues with empty .dlq and .parked hidden (--all shows them)"
+                ))
+            );
+        }
         if mgmt.is_none() {
             println!(
                 "\n{}",

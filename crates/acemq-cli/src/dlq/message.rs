@@ -66,7 +66,8 @@ pub fn to_json(m: &PeekedMessage, with_body: bool) -> Value {
 
 /// The message in full, for people; the body cut at `max_body` bytes with a note.
 pub fn print_full(out: &Out, queue: &str, m: &PeekedMessage, max_body: usize) {
-    let field = |name: &str, value: String| println!("{:<14}{value}", out.bold(name));
+    // Padded before it is coloured: the width must not count the colour codes.
+    let field = |name: &str, value: String| println!("{}{value}", out.bold(&format!("{name:<14}")));
     let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
     field("queue", queue.to_owned());
     field("id", opt(&m.id));

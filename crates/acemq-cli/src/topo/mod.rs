@@ -19,12 +19,72 @@ pub async fn run(cmd: TopologyCommand, ctx: &Context) -> Outcome {
     match cmd {
         TopologyCommand::Plan(a) => {
             let t = file::load(&a.file)?;
+            // With the broker: what apply would change. Without it: the declarations.
+            let findings = match ctx.broker.connect().await {
+                Ok(mq) => {
+                    let mgmt = ctx.management_if_reachable();
+                    let f = diff::diff(&t, &mq, mgmt.as_ref()).await;
+                    let _ = mq.close().await;
+                    Some(f)
+                }
+                Err(e) => {
+                    eprintln!(
+                        "acemq: {}; listing the declarations, not the changes",
+                        e.message
+                    );
+                    None
+                }
+            };
+            let all = items(&t);
+            let change = |i: usize| {
+                findings.as_ref().map(|f| match f[i].state {
+                    State::Missing => ("create", "+", String::new()),
+                    State::Same => ("unchanged", "=", String::new()),
+                    State::Drift => (
+                        "conflict",
+                        "!",
+                        format!(
+                            " — exists differently ({}); apply fails on it: delete and redeclare",
+                            f[i].detail
+                        ),
+                    ),
+                    State::NotChecked => (
+                        "declare",
+                        "?",
+                        " — cannot compare without the management API".to_owned(),
+                    ),
+                    State::Error => ("unknown", "?", format!(" — {}", f[i].detail)),
+                })
+            };
             if ctx.out.json {
-                let list: Vec<Value> = items(&t).into_iter().map(Item::to_json).collect();
-                ctx.out.print_json(&json!({ "items": list }));
+                let list: Vec<Value> = all
+                    .iter()
+                    .enumerate()
+                    .map(|(n, i)| {
+                        let mut v = i.to_json();
+                        if let Some((word, _, _)) = change(n) {
+                            v["change"] = json!(word);
+                        }
+                        v
+                    })
+                    .collect();
+                ctx.out
+                    .print_json(&json!({ "items": list, "compared": findings.is_some() }));
             } else {
-                for item in items(&t) {
-                    println!("{}", item.describe());
+                let mut counts = std::collections::BTreeMap::<&str, usize>::new();
+                for (n, item) in all.iter().enumerate() {
+                    match change(n) {
+                        Some((word, mark, note)) => {
+                            *counts.entry(word).or_default() += 1;
+                            println!("{mark} {}{note}", item.describe());
+                        }
+                        None => println!("{}", item.describe()),
+                    }
+                }
+                if findings.is_some() {
+                    let summary: Vec<String> =
+                        counts.iter().map(|(w, n)| format!("{n} {w}")).collect();
+                    println!("\n{} (on {})", summary.join(", "), ctx.broker.shown());
                 }
             }
             Ok(OK)

@@ -38,6 +38,8 @@ impl At {
             .map_or(max, |t| t.min(max)))
     }
 
+    /// Epoch milliseconds: how SQLite keeps an instant (the other backends bind the time).
+    #[cfg(feature = "sqlite")]
     fn millis(self) -> i64 {
         i64::try_from(self.0.unix_timestamp_nanos() / 1_000_000).unwrap_or(i64::MAX)
     }

@@ -1,7 +1,7 @@
 //! The transactional outbox: messages written in the caller's transaction, published by a
 //! relay afterwards.
 //!
-#![doc = include_str!("../../../../docs/outbox.md")]
+#![doc = include_str!("../../docs/outbox.md")]
 
 mod relay;
 mod sql;

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use acemq::Connection;
 use acemq::error::ErrorKind;
+use acemq::observe::metrics::{OutboxOutcome, record_outbox};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -17,7 +18,13 @@ use super::{
     DEFAULT_BATCH_SIZE, DEFAULT_LEASE, DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_BACKOFF,
     DEFAULT_POLL_INTERVAL, DEFAULT_RETRY_DELAY, Outbox,
 };
-use crate::{Error, default_owner};
+use crate::{Error, default_owner, now_millis};
+
+/// How long ago a row was enqueued (`created_at_millis`, written by this library's clock):
+/// `acemq.outbox.lag` of a row published now. Zero for a clock that went back.
+fn lag_since(created_at_millis: i64) -> Duration {
+    Duration::from_millis(u64::try_from(now_millis() - created_at_millis).unwrap_or(0))
+}
 
 #[derive(Debug, Default)]
 struct Counters {
@@ -82,29 +89,52 @@ impl Worker {
             handled: 0,
             end: End::Done,
         };
+        let transport = acemq::observe::transport_name(self.connection.transport_kind());
         for row in rows {
-            let (id, attempts, result) = match row {
+            let (id, attempts, target, result) = match row {
                 Ok(record) => {
                     let r = self.connection.publish_prepared(record.to_outbound()).await;
                     let r = r
-                        .map(drop)
+                        .map(|_| lag_since(record.created_at_millis))
                         .map_err(|e| (e.kind(), connection_trouble(&e), e.to_string()));
-                    (record.id, record.attempts, r)
+                    let target = (record.exchange, record.routing_key);
+                    (record.id, record.attempts, target, r)
                 }
-                // An unreadable row can never be published: it spends its attempts.
-                Err((id, e)) => (id, 0, Err((ErrorKind::Invalid, false, e.to_string()))),
+                // An unreadable row can never be published: it spends its attempts. Its
+                // exchange and routing key are unknown: counted with empty ones.
+                Err((id, e)) => (
+                    id,
+                    0,
+                    (String::new(), String::new()),
+                    Err((ErrorKind::Invalid, false, e.to_string())),
+                ),
             };
+            let (exchange, routing_key) = (target.0.as_str(), target.1.as_str());
             let marked = match result {
-                Ok(()) => {
+                Ok(lag) => {
                     let m = self.outbox.mark_published(&id).await;
                     if m.is_ok() {
                         self.counters.published.fetch_add(1, Ordering::Relaxed);
+                        record_outbox(
+                            transport,
+                            exchange,
+                            routing_key,
+                            OutboxOutcome::Published,
+                            lag,
+                        );
                         pass.handled += 1;
                     }
                     m
                 }
                 Err((kind, trouble, reason)) => {
                     self.counters.failed.fetch_add(1, Ordering::Relaxed);
+                    record_outbox(
+                        transport,
+                        exchange,
+                        routing_key,
+                        OutboxOutcome::Failed,
+                        Duration::ZERO,
+                    );
                     match verdict(kind) {
                         Verdict::Attempt => {
                             pass.handled += 1;
@@ -303,8 +333,8 @@ struct Running {
 ///   still up and unblocked, the row is tried again after the retry delay and the batch
 ///   goes on;
 /// * if the connection is the trouble (the publish was refused as not connected, blocked
-///   or closed under it, or the transport reports it down or blocked), the rest of the batch is handed back untouched (claimable at once, order
-///   kept) and the relay pauses (the poll interval, doubling on each such pass, at most
+///   or closed under it, or the transport reports it down or blocked), the rest of the
+///   batch is handed back untouched (claimable at once, order kept) and the relay pauses (the poll interval, doubling on each such pass, at most
 ///   [`max_backoff`](Self::max_backoff)), then waits for as long as the transport reports
 ///   the connection recovering or blocked ([`Connection::status`]) and resumes as soon as
 ///   it is back. Connection recovery itself is the transport's
@@ -317,6 +347,13 @@ struct Running {
 ///
 /// When the AceMQ connection was closed by its owner ([`ErrorKind::Closed`]), the relay
 /// hands its batch back and stops ([`is_running`](Self::is_running) turns false).
+///
+/// Metrics (the `acemq::observe::metrics` table), labelled `exchange`, `routing.key` and
+/// `transport` of the row: a row published and marked counts once in
+/// `acemq.outbox.total{outcome="published"}` and records `acemq.outbox.lag`, the seconds
+/// from its enqueue to its confirm; every failed publish counts once in
+/// `acemq.outbox.total{outcome="failed"}` (as [`failed`](Self::failed) does), whether or
+/// not it spent an attempt.
 ///
 /// Defaults: batch [`DEFAULT_BATCH_SIZE`], poll [`DEFAULT_POLL_INTERVAL`], lease
 /// [`DEFAULT_LEASE`] (keep it well above the time a batch takes to publish), max attempts

@@ -1,6 +1,6 @@
 //! The HTTP actuator (feature `actuator`): `/acemq-health`, `/acemq-metrics`, `/acemq-info`.
 //!
-#![doc = include_str!("../../../../docs/actuator.md")]
+#![doc = include_str!("../../docs/actuator.md")]
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -316,5 +316,32 @@ impl Drop for ActuatorHandle {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
+    }
+}
+
+/// The actuator's own convenience on the connection, defined here (with the feature) so
+/// that the connection does not depend on the actuator.
+impl crate::Connection {
+    /// Serves `/acemq-health`, `/acemq-metrics` and `/acemq-info` for this connection on
+    /// `addr` (the family's default is `127.0.0.1:9464`), installing no recorder (the
+    /// library never installs one by itself). The builder,
+    /// [`Actuator::for_connection`](crate::actuator::Actuator::for_connection), does the
+    /// rest: `.install_prometheus_recorder()` for metrics rendered by the actuator, the
+    /// application's name and version in `/acemq-info`; and
+    /// [`actuator::router`](crate::actuator::router) mounts the endpoints into an existing
+    /// axum app.
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let mq = acemq::Connection::connect("memory://doc-actuator").await?;
+    /// let actuator = mq.start_actuator("127.0.0.1:9464".parse()?).await?;
+    /// println!("health at http://{}/acemq-health", actuator.local_addr());
+    /// # Ok(()) }
+    /// ```
+    pub async fn start_actuator(
+        &self,
+        addr: std::net::SocketAddr,
+    ) -> Result<ActuatorHandle, ActuatorError> {
+        Actuator::for_connection(self).bind(addr).start().await
     }
 }

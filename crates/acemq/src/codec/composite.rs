@@ -67,6 +67,9 @@ impl<T: 'static> Default for Composite<T> {
 }
 
 impl<T: 'static> Decoder<T> for Composite<T> {
+    fn expects(&self) -> &str {
+        "one of this consumer's formats"
+    }
     fn accepts(&self, content_type: Option<&str>) -> bool {
         self.decoders.iter().any(|d| d.accepts(content_type))
     }

@@ -51,6 +51,9 @@ impl<T: Serialize + ?Sized> Encoder<T> for Json {
 }
 
 impl<T: DeserializeOwned> Decoder<T> for Json {
+    fn expects(&self) -> &str {
+        "JSON"
+    }
     fn accepts(&self, content_type: Option<&str>) -> bool {
         Json::accepts(self, content_type)
     }

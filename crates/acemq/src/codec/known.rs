@@ -46,7 +46,8 @@ impl Format {
     }
 
     /// Whether `content_type` (parameters ignored, case-insensitive) names this format, as
-    /// the family reads it (java.md §1.16, dotnet-ruby.md §1.15).
+    /// the family reads it: the Java member's type and the aliases the family accepts
+    /// (`docs/codecs.md`).
     pub(crate) fn names(self, content_type: &str) -> bool {
         let mime = essence(content_type);
         let m = mime.as_str();
@@ -188,6 +189,9 @@ mod tests {
             (!cfg!(feature = "avro")).then_some("avro")
         );
         assert_eq!(feature_for("application/json"), None);
-        assert_eq!(feature_for("application/vnd.acemq.encrypted"), None);
+        assert_eq!(
+            feature_for("application/vnd.acemq.encrypted"),
+            (!cfg!(feature = "encryption")).then_some("encryption")
+        );
     }
 }

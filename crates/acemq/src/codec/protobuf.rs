@@ -40,6 +40,9 @@ impl<T: Message> Encoder<T> for Protobuf {
 }
 
 impl<T: Message + Default> Decoder<T> for Protobuf {
+    fn expects(&self) -> &str {
+        "Protobuf"
+    }
     fn accepts(&self, content_type: Option<&str>) -> bool {
         given(content_type).is_none_or(|ct| Format::Protobuf.names(ct))
     }

@@ -38,6 +38,9 @@ impl Encoder<String> for Text {
 }
 
 impl Decoder<String> for Text {
+    fn expects(&self) -> &str {
+        "text"
+    }
     fn accepts(&self, content_type: Option<&str>) -> bool {
         given(content_type).is_none_or(is_text)
     }

@@ -47,6 +47,9 @@ impl<T: Serialize + ?Sized> Encoder<T> for Toml {
 }
 
 impl<T: DeserializeOwned> Decoder<T> for Toml {
+    fn expects(&self) -> &str {
+        "TOML"
+    }
     fn accepts(&self, content_type: Option<&str>) -> bool {
         given(content_type).is_none_or(|ct| Format::Toml.names(ct))
     }

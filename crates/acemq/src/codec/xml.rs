@@ -77,6 +77,9 @@ impl<T: Serialize + ?Sized> Encoder<T> for Xml {
 }
 
 impl<T: DeserializeOwned> Decoder<T> for Xml {
+    fn expects(&self) -> &str {
+        "XML"
+    }
     fn accepts(&self, content_type: Option<&str>) -> bool {
         given(content_type).is_none_or(|ct| Format::Xml.names(ct))
     }

@@ -46,6 +46,9 @@ impl<T: Serialize + ?Sized> Encoder<T> for Yaml {
 }
 
 impl<T: DeserializeOwned> Decoder<T> for Yaml {
+    fn expects(&self) -> &str {
+        "YAML"
+    }
     fn accepts(&self, content_type: Option<&str>) -> bool {
         given(content_type).is_none_or(|ct| Format::Yaml.names(ct))
     }

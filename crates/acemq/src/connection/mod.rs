@@ -5,11 +5,12 @@
 //! engine (`engine.rs`, held as `Arc<Engine>`); each method here is a few lines that delegate
 //! down to the engine, the [`publish`](crate::publish), [`consume`](crate::consume) or
 //! [`replay`](crate::replay) module. Nothing below this file imports it.
+//! (It is over 600 lines: the one place every public method is written, each a few
+//! lines that delegate; splitting it would scatter the API, not simplify it.)
 //!
 //! `Connection::connect(url)` picks the transport by scheme: `amqp://` and `amqps://` reach
 //! RabbitMQ, `memory://name` an in-process broker (each name its own).
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,7 +18,7 @@ use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
 use crate::codec::{Decoder, Encoder, Json};
-use crate::consume::{Consumer, ConsumerOptions, HandlerError, Message};
+use crate::consume::{Consumer, ConsumerOptions, Handler};
 use crate::engine::Engine;
 use crate::error::Error;
 use crate::health::{Health, HealthContributor};
@@ -28,7 +29,7 @@ use crate::replay::Replay;
 use crate::topology::Topology;
 use crate::transport::{Outbound, Transport, TransportStatus};
 
-pub use crate::engine::CONSUMERS;
+pub use crate::health::progress::CONSUMERS;
 pub use options::ConnectionOptions;
 
 mod options;
@@ -53,6 +54,9 @@ pub const CAPABILITIES: &[&str] = &[
     "ordered-queues",
     "request-reply",
     "streams",
+    "scheduler",
+    "pipelines",
+    "routing-slips",
 ];
 
 /// A connection to RabbitMQ or to an in-process `memory://` broker.
@@ -164,25 +168,6 @@ impl Connection {
         self.engine.register_health(Arc::new(contributor));
     }
 
-    /// Serves `/acemq-health`, `/acemq-metrics` and `/acemq-info` for this connection on
-    /// `addr` (the family's default is `127.0.0.1:9464`). Metrics are rendered from the
-    /// Prometheus recorder the actuator installs when `install_recorder` is true (the
-    /// library never installs one otherwise). To name the application's version in
-    /// `/acemq-info`, or to mount the endpoints into an existing axum app, use
-    /// `acemq::actuator::Actuator::for_connection` / `acemq::actuator::router`.
-    #[cfg(feature = "actuator")]
-    pub async fn start_actuator(
-        &self,
-        addr: std::net::SocketAddr,
-        install_recorder: bool,
-    ) -> Result<crate::actuator::ActuatorHandle, crate::actuator::ActuatorError> {
-        let mut builder = crate::actuator::Actuator::for_connection(self).bind(addr);
-        if install_recorder {
-            builder = builder.install_prometheus_recorder();
-        }
-        builder.start().await
-    }
-
     /// Declares every exchange, queue and binding of a topology, in that order.
     pub async fn declare(&self, topology: &Topology) -> Result<(), Error> {
         self.engine.declare(topology).await
@@ -251,43 +236,84 @@ impl Connection {
     /// Consumes JSON messages of type `T` from `queue`.
     ///
     /// The handler returns `Ok(())` to ack; any error (`?`) is retried under the policy;
-    /// [`HandlerError::fatal`] sends the message to `{q}.dlq` at once. A body that does not
+    /// [`HandlerError::fatal`](crate::consume::HandlerError::fatal) sends the message to `{q}.dlq` at once. A body that does not
     /// decode goes to `{q}.parked` without running the handler.
-    pub async fn consume<T, F, Fut>(
+    pub async fn consume<T, H>(
         &self,
         queue: &str,
         options: ConsumerOptions,
-        handler: F,
+        handler: H,
     ) -> Result<Consumer, Error>
     where
         T: DeserializeOwned + Send + 'static,
-        F: Fn(Message<T>) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
+        H: Handler<T>,
     {
         self.consume_with(queue, Json, options, handler).await
     }
 
     /// Consumes with another codec ([`crate::codec::Text`], [`crate::codec::RawBytes`],
     /// or your own [`Decoder`]).
-    pub async fn consume_with<T, D, F, Fut>(
+    pub async fn consume_with<T, D, H>(
         &self,
         queue: &str,
         decoder: D,
         options: ConsumerOptions,
-        handler: F,
+        handler: H,
     ) -> Result<Consumer, Error>
     where
         T: Send + 'static,
         D: Decoder<T>,
-        F: Fn(Message<T>) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
+        H: Handler<T>,
     {
         crate::consume::start(&self.engine, queue, decoder, options, handler).await
     }
 
-    /// Registers a consume interceptor for every consumer of this connection.
+    /// A group of `size` competing consumers of `queue` (JSON), each its own subscription
+    /// with its own prefetch, that can be scaled while it runs
+    /// ([`ConsumerGroup::scale_to`](crate::consume::ConsumerGroup::scale_to),
+    /// [`set_prefetch`](crate::consume::ConsumerGroup::set_prefetch)). `options.concurrency`
+    /// applies per member.
+    pub async fn consume_group<T, H>(
+        &self,
+        queue: &str,
+        size: usize,
+        options: ConsumerOptions,
+        handler: H,
+    ) -> Result<crate::consume::ConsumerGroup, Error>
+    where
+        T: DeserializeOwned + Send + 'static,
+        H: Handler<T>,
+    {
+        let handler = Arc::new(handler);
+        let engine = self.engine.clone();
+        let q = queue.to_owned();
+        let start: crate::consume::StartMember = Arc::new(move |options: ConsumerOptions| {
+            let (engine, q, handler) = (engine.clone(), q.clone(), handler.clone());
+            Box::pin(async move {
+                let h = move |m: crate::consume::Message<T>| handler.call(m);
+                crate::consume::start(&engine, &q, Json, options, h).await
+            })
+        });
+        crate::consume::ConsumerGroup::start(
+            queue,
+            self.engine.transport.clone(),
+            size,
+            options,
+            start,
+        )
+        .await
+    }
+
+    /// Registers a consume interceptor for every consumer of this connection: plain
+    /// consumers, responders, ordered partitions and stream readers alike.
     pub fn intercept_consume(&self, interceptor: impl ConsumeInterceptor) {
         self.engine.interceptors.add_consume(Arc::new(interceptor));
+    }
+
+    /// Registers a layer around the handler of every consumer of this connection (every
+    /// kind, as [`Connection::intercept_consume`]); see [`HandlerLayer`](crate::intercept::HandlerLayer).
+    pub fn wrap_handlers(&self, layer: impl crate::intercept::HandlerLayer) {
+        self.engine.interceptors.add_layer(Arc::new(layer));
     }
 
     /// A replay of `{queue}.dlq` back into `queue`.
@@ -377,7 +403,7 @@ impl Connection {
         self.engine.close_now().await
     }
 
-    // --- Ordered queues (issue 14) ------------------------------------------------------
+    // --- Ordered queues -----------------------------------------------------------------
 
     /// An ordered (partitioned) queue of JSON messages of type `T` called `name`: the
     /// exchange `{name}` and the quorum queues `{name}.p0`.. (see [`crate::ordered`]).
@@ -393,10 +419,50 @@ impl Connection {
     /// # Ok(()) }
     /// ```
     pub fn ordered<T>(&self, name: &str) -> crate::ordered::OrderedQueue<T> {
-        crate::ordered::OrderedQueue::new(self.engine.clone(), name)
+        self.ordered_with(name, Json)
     }
 
-    // --- Streams (issue 15) ---------------------------------------------------------------
+    /// An ordered queue called `name` whose messages are written and read with `codec`
+    /// ([`crate::codec::Text`], [`crate::codec::RawBytes`] or your own): `send` encodes
+    /// with it (its content type goes on the wire) and `consume` decodes with it, parking a
+    /// body whose content type it does not [accept](Decoder::accepts). Sending needs
+    /// `C: Encoder<T>`, consuming `C: Decoder<T>`; otherwise as [`Connection::ordered`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), acemq::Error> {
+    /// use acemq::codec::Text;
+    /// use acemq::consume::Message;
+    /// let mq = acemq::Connection::connect("memory://doc-ordered-with-codec").await?;
+    /// let q = mq
+    ///     .ordered_with::<String, _>("lines", Text)
+    ///     .partitions(2)
+    ///     .keyed_by(|s| s.clone());
+    /// q.declare().await?;
+    /// let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    /// let consumer = q
+    ///     .consume(move |m: Message<String>| {
+    ///         let tx = tx.clone();
+    ///         async move {
+    ///             let _ = tx.send((m.content_type().map(str::to_owned), m.into_payload()));
+    ///             Ok(())
+    ///         }
+    ///     })
+    ///     .await?;
+    /// q.send(&"hello".to_owned()).await?;
+    /// let (content_type, line) = rx.recv().await.expect("delivered");
+    /// assert_eq!(line, "hello");
+    /// assert_eq!(content_type.as_deref(), Some(acemq::codec::TEXT));
+    /// consumer.close().await;
+    /// # Ok(()) }
+    /// ```
+    pub fn ordered_with<T, C>(&self, name: &str, codec: C) -> crate::ordered::OrderedQueue<T, C>
+    where
+        C: Send + Sync + 'static,
+    {
+        crate::ordered::OrderedQueue::new(self.engine.clone(), name, codec)
+    }
+
+    // --- Streams ------------------------------------------------------------------------
 
     /// Declares a RabbitMQ stream (`x-queue-type: stream`) with its retention; with none, a
     /// warning is logged (the stream grows until the disk fills). Refused on `memory://`,
@@ -435,7 +501,7 @@ impl Connection {
     }
 }
 
-// --- Request/reply (issue 14) -----------------------------------------------------------
+// --- Request/reply ----------------------------------------------------------------------
 
 impl Connection {
     /// A [`Requester`](crate::request::Requester) with its own reply queue
@@ -462,7 +528,7 @@ impl Connection {
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), acemq::Error> {
     /// use acemq::consume::{ConsumerOptions, Message};
     /// let mq = acemq::Connection::connect("memory://doc-conn-respond").await?;
-    /// mq.transport().declare_queue(&acemq::topology::QueueDecl::classic("echo")).await?;
+    /// mq.declare(&acemq::topology::Topology::define().queue("echo").build()?).await?;
     /// let responder = mq
     ///     .respond("echo", ConsumerOptions::default(), |m: Message<String>| async move {
     ///         Ok(m.into_payload())
@@ -471,18 +537,150 @@ impl Connection {
     /// assert_eq!(responder.queue(), "echo");
     /// # Ok(()) }
     /// ```
-    pub async fn respond<Req, Resp, F, Fut>(
+    pub async fn respond<Req, Resp, H>(
         &self,
         queue: &str,
         options: ConsumerOptions,
-        handler: F,
+        handler: H,
     ) -> Result<crate::request::Responder, Error>
     where
         Req: DeserializeOwned + Send + 'static,
         Resp: serde::Serialize + Send + 'static,
-        F: Fn(Message<Req>) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<Resp, HandlerError>> + Send + 'static,
+        H: Handler<Req, Resp>,
     {
-        crate::request::responder_start(&self.engine, queue, options, handler).await
+        self.respond_with(queue, Json, options, handler).await
+    }
+
+    /// Answers requests from `queue` with `codec`: the request is decoded with it (a body
+    /// whose content type it does not [accept](Decoder::accepts) is parked, the handler not
+    /// run) and the reply encoded with it, carrying its content type. Otherwise as
+    /// [`Connection::respond`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use acemq::codec::Text;
+    /// use acemq::consume::{ConsumerOptions, Message};
+    /// let mq = acemq::Connection::connect("memory://doc-conn-respond-with").await?;
+    /// mq.declare(&acemq::topology::Topology::define().queue("shout").build()?).await?;
+    /// let _responder = mq
+    ///     .respond_with("shout", Text, ConsumerOptions::default(), |m: Message<String>| async move {
+    ///         Ok(m.payload().to_uppercase())
+    ///     })
+    ///     .await?;
+    /// let requester = mq.requester().await?;
+    /// let answer: String = requester
+    ///     .request_with("", "shout", Text, &"hi".to_owned(), Duration::from_secs(5))
+    ///     .await?;
+    /// assert_eq!(answer, "HI");
+    /// # Ok(()) }
+    /// ```
+    pub async fn respond_with<Req, Resp, C, H>(
+        &self,
+        queue: &str,
+        codec: C,
+        options: ConsumerOptions,
+        handler: H,
+    ) -> Result<crate::request::Responder, Error>
+    where
+        Req: Send + 'static,
+        Resp: Send + 'static,
+        C: Decoder<Req> + Encoder<Resp>,
+        H: Handler<Req, Resp>,
+    {
+        crate::request::responder_start(&self.engine, queue, codec, options, handler).await
+    }
+}
+
+// --- Scheduling -------------------------------------------------------------------------
+
+impl Connection {
+    /// A [`Scheduler`](crate::schedule::Scheduler): declares the family's ladder
+    /// (`acemq.schedule`, its five rungs, `acemq.schedule.due`) and consumes the control
+    /// queue (prefetch 50, like Java), delivering what falls due.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), acemq::Error> {
+    /// use std::time::Duration;
+    /// let mq = acemq::Connection::connect("memory://doc-conn-scheduler").await?;
+    /// mq.declare(&acemq::topology::Topology::define().queue("reminders").build()?).await?;
+    /// let s = mq.scheduler().await?;
+    /// s.after(Duration::from_secs(30), "", "reminders", &"stand up").await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn scheduler(&self) -> Result<crate::schedule::Scheduler, Error> {
+        self.scheduler_with(crate::schedule::SchedulerOptions::default())
+            .await
+    }
+
+    /// A scheduler with options: [`SchedulerOptions::declare_only`](crate::schedule::SchedulerOptions::declare_only)
+    /// to schedule without delivering, a cancellation store, another prefetch.
+    pub async fn scheduler_with(
+        &self,
+        options: crate::schedule::SchedulerOptions,
+    ) -> Result<crate::schedule::Scheduler, Error> {
+        crate::schedule::start(&self.engine, options).await
+    }
+}
+
+// --- Pipelines --------------------------------------------------------------------------
+
+impl Connection {
+    /// A builder of the pipeline `name` taking `In` (JSON) at its first step: add steps,
+    /// then `build()` declares it (exchange `{name}`, queues `{name}.{step}`) and starts a
+    /// consumer per step. See [`crate::pipeline`].
+    pub fn pipeline<In>(&self, name: &str) -> crate::pipeline::PipelineBuilder<In, In>
+    where
+        In: serde::Serialize + Send + Sync + 'static,
+    {
+        crate::pipeline::PipelineBuilder::new(self.engine.clone(), name)
+    }
+
+    /// Consumes `queue` (JSON in, JSON out) following the routing slip each message
+    /// carries: the handler's `Some(next)` goes to the slip's next stop (JSON or declared;
+    /// a declared route needs its `pipeline`), `None` ends the run. See
+    /// [`crate::pipeline`].
+    pub async fn follow_slip<T, O, H>(
+        &self,
+        queue: &str,
+        pipeline: Option<&str>,
+        options: ConsumerOptions,
+        handler: H,
+    ) -> Result<Consumer, Error>
+    where
+        T: DeserializeOwned + Send + 'static,
+        O: serde::Serialize + Send + Sync + 'static,
+        H: Handler<T, Option<O>>,
+    {
+        crate::pipeline::follow(&self.engine, queue, pipeline, Json, options, handler).await
+    }
+
+    /// Sends `payload` (JSON) to the first stop of `slip`, carrying it; returns the
+    /// message id.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), acemq::Error> {
+    /// use acemq::pipeline::RoutingSlip;
+    /// let mq = acemq::Connection::connect("memory://doc-start-slip").await?;
+    /// mq.declare(&acemq::topology::Topology::define().queue("a").queue("b").build()?).await?;
+    /// let slip = RoutingSlip::new().then("", "a", "a").then("", "b", "b");
+    /// mq.start_slip(&slip, &serde_json::json!({"order": 1})).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn start_slip<T>(
+        &self,
+        slip: &crate::pipeline::RoutingSlip,
+        payload: &T,
+    ) -> Result<String, Error>
+    where
+        T: serde::Serialize + ?Sized + 'static,
+    {
+        crate::pipeline::start_slip(
+            &self.engine,
+            slip,
+            payload,
+            crate::publish::SendOptions::new(),
+        )
+        .await
     }
 }

@@ -65,11 +65,6 @@ impl ConnectionOptions {
         self
     }
 
-    /// The same as [`ConnectionOptions::name`] (the name it had first).
-    pub fn client_name(self, name: impl Into<String>) -> Self {
-        self.name(name)
-    }
-
     /// The window of publishes awaiting their confirm (default 1000, at least 1).
     pub fn max_outstanding_confirms(mut self, n: usize) -> Self {
         self.max_outstanding_confirms = n.max(1);
@@ -85,12 +80,6 @@ impl ConnectionOptions {
     /// The configured client name.
     pub fn client(&self) -> &str {
         &self.client_name
-    }
-
-    /// The configured client name (the former name of [`ConnectionOptions::client`]).
-    #[deprecated(since = "0.1.1", note = "use `ConnectionOptions::client`")]
-    pub fn get_client_name(&self) -> &str {
-        self.client()
     }
 
     /// The configured window of publishes awaiting their confirm.

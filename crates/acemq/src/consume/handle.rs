@@ -1,6 +1,8 @@
 //! One delivery, from the subscription to its settlement, as its steps:
-//! admit → crash-loop check → decode → guarded run (interceptors, claim, handler) → decide
-//! → settle → release.
+//! the rule's look first (`Rule::begin`) → admit → crash-loop check → decode (asking the
+//! codec whether it reads the content type) → guarded run (interceptors, claim, handler
+//! layers, handler) → decide (by the consumer kind's rule) → in-place waits and holds →
+//! settle → release. Every consumer kind runs these steps; see `consume::rule`.
 //!
 //! The idempotency claim is where our own outages meet the message: a store that cannot
 //! be asked puts the delivery back without spending an attempt (`Outcome::StoreUnavailable`,
@@ -11,7 +13,6 @@
 //! give-back never touches a claim a running delivery holds, and two deliveries of one id
 //! never run here at once.
 
-use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -21,77 +22,138 @@ use futures::FutureExt;
 use tokio::sync::OwnedSemaphorePermit;
 use tracing::Instrument;
 
-use super::decide::{DELIVERY_COUNT, Decision, Facts, Outcome, Rules, crash_loop, decide};
-use super::handler::HandlerError;
+use super::decide::{DELIVERY_COUNT, Decision, Facts, Outcome};
+use super::handler::{Handler, HandlerError};
 use super::message::Message;
+use super::rule::{Begin, Flow, Rule};
 use super::settle::{AckRun, Settler};
 use super::stats::Observed;
 use crate::codec::Decoder;
+use crate::envelope::cause::{self, Cause};
 use crate::envelope::{Envelope, application_headers};
 use crate::error::Error;
 use crate::idempotency::{ClaimOutcome, IdempotencyStore, InHand, StoreError};
-use crate::intercept::{ConsumeContext, HandleResult};
+use crate::intercept::{ConsumeContext, HandleInfo, HandleResult, HandlerFuture};
 use crate::lifecycle::{Gate, Lifecycle};
 use crate::observe::trace::{self, TraceContext};
 use crate::transport::Delivery;
 use crate::util::panic_text;
 
-/// Everything a consumer's tasks share.
-pub(super) struct Ctx<T, F> {
-    pub(super) settler: Settler,
-    pub(super) decoder: Arc<dyn Decoder<T>>,
-    pub(super) handler: F,
-    pub(super) rules: Rules,
-    pub(super) idempotency: Option<Arc<dyn IdempotencyStore>>,
-    pub(super) in_flight: Arc<AtomicUsize>,
+/// Everything a consumer's tasks share: the one core under every consumer kind, which
+/// differs only in its rule `R`.
+pub(crate) struct Ctx<T, H, R> {
+    pub(crate) settler: Settler,
+    pub(crate) decoder: Arc<dyn Decoder<T>>,
+    pub(crate) handler: Arc<H>,
+    pub(crate) rule: R,
+    pub(crate) idempotency: Option<Arc<dyn IdempotencyStore>>,
+    pub(crate) in_flight: Arc<AtomicUsize>,
 }
 
-impl<T, F> Ctx<T, F> {
+impl<T, H, R> Ctx<T, H, R> {
     fn lifecycle(&self) -> &Lifecycle {
         &self.settler.engine.lifecycle
     }
 }
 
 /// Handles one delivery. `acks` is the consumer's ack run when it runs one handler at a
-/// time (an ack then joins the run instead of being sent at once).
-pub(super) async fn handle<T, F, Fut>(
-    ctx: Arc<Ctx<T, F>>,
+/// time (an ack then joins the run instead of being sent at once). `slot` is the handler
+/// slot the delivery holds until it is settled or handed to a wait of its own.
+pub(crate) async fn handle<T, H, R>(
+    ctx: Arc<Ctx<T, H, R>>,
     d: Delivery,
-    _slot: OwnedSemaphorePermit,
+    slot: Option<OwnedSemaphorePermit>,
     mut acks: Option<&mut AckRun>,
-) where
+) -> Flow
+where
     T: Send + 'static,
-    F: Fn(Message<T>) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
+    H: Handler<T>,
+    R: Rule,
 {
-    if !admit(&ctx, &d, acks.as_deref_mut()).await {
-        return;
-    }
+    let _slot = slot;
     let read = Envelope::read(&d.properties, &d.routing_key);
-    let facts = Facts::of_delivery(&read, &d);
+    let held = match ctx.rule.begin(&d, &read) {
+        Begin::Run => None,
+        Begin::AckUnseen => {
+            if let Err(e) = d.acker.ack().await {
+                tracing::debug!(queue = %ctx.settler.queue, error = %e, "ack not sent (the channel is gone)");
+            }
+            return Flow::Next;
+        }
+        Begin::Stop(reason) => return Flow::Stop(Some(reason)),
+        Begin::Hold(reason) => Some(reason),
+    };
+    if let Some(reason) = held {
+        match ctx.rule.hold(&d, read.id(), &reason).await {
+            Flow::Next => {}
+            other => return other,
+        }
+    }
+    if !admit(&ctx, &d, acks.as_deref_mut()).await {
+        return Flow::Next;
+    }
+    let mut facts = Facts::of_delivery(&read, &d);
     // The broker's count belongs to this delivery, not to the copies settlement publishes
     // (they carry it in their attempt instead); a copy keeping it would count it twice.
     let mut d = d;
     d.properties.headers.remove(DELIVERY_COUNT);
     // The attempt copies carry counts the broker's unsettled returns (crashes) too.
-    let envelope = Arc::new(if facts.returned > 0 {
+    let mut envelope = Arc::new(if facts.returned > 0 {
         let spent = i32::try_from(facts.spent()).unwrap_or(i32::MAX);
         read.with_attempt(spent)
     } else {
         read
     });
     let (seen, trace_ctx) = observe(&ctx, &d, &envelope);
-    let decision = match crash_loop(facts, &ctx.rules) {
-        Some(dead) => {
-            tracing::warn!(queue = %ctx.settler.queue, message_id = envelope.id(), returned = facts.returned, "dead-lettering a message that keeps coming back without a settlement; its handler does not run");
-            dead
-        }
-        None => {
-            let outcome = match decode(&ctx, &d) {
-                Err(reason) => Outcome::Undecodable(reason),
-                Ok(payload) => guarded_run(&ctx, &d, &envelope, payload, &seen, trace_ctx).await,
-            };
-            decide(&outcome, facts, &ctx.rules, &mut rand::rng())
+    let decision = loop {
+        let decision = match ctx.rule.crash_loop(facts) {
+            Some(dead) => {
+                tracing::warn!(queue = %ctx.settler.queue, message_id = envelope.id(), returned = facts.returned, "a message keeps coming back without a settlement; its handler does not run");
+                dead
+            }
+            None => {
+                let outcome = match decode(&ctx, &d) {
+                    Err(reason) => Outcome::Undecodable(reason),
+                    Ok(payload) => {
+                        guarded_run(&ctx, &d, &envelope, payload, &seen, trace_ctx.clone()).await
+                    }
+                };
+                ctx.rule.decide(&outcome, facts)
+            }
+        };
+        match decision {
+            Decision::Again { wait, spend } => {
+                // In place: the delivery keeps its slot, nothing behind it runs.
+                if !ctx.settler.wait(wait).await {
+                    return closed_while_held(&ctx, &d, &seen).await;
+                }
+                if spend {
+                    facts.attempt = facts.attempt.saturating_add(1);
+                    let next = i32::try_from(facts.spent()).unwrap_or(i32::MAX);
+                    envelope = Arc::new((*envelope).clone().with_attempt(next));
+                }
+            }
+            Decision::Hold { reason } => {
+                ctx.rule.decided(
+                    &Decision::Hold {
+                        reason: reason.clone(),
+                    },
+                    &envelope,
+                );
+                // A held delivery is not a running handler: a drain does not wait for it.
+                ctx.lifecycle().handler_finished();
+                let flow = ctx.rule.hold(&d, envelope.id(), &reason).await;
+                ctx.lifecycle().handler_started();
+                if flow != Flow::Next {
+                    release(&ctx, &seen, false);
+                    return flow;
+                }
+                // Resumed: from attempt 1 again, its earlier returns forgiven.
+                facts.attempt = 1;
+                facts.returned = 0;
+                envelope = Arc::new((*envelope).clone().with_attempt(1));
+            }
+            other => break other,
         }
     };
     let envelope = match &decision {
@@ -103,13 +165,37 @@ pub(super) async fn handle<T, F, Fut>(
         ),
         _ => envelope,
     };
+    ctx.rule.decided(&decision, &envelope);
+    let flow = match &decision {
+        Decision::Stop { reason } => Flow::Stop(Some(reason.clone())),
+        _ => Flow::Next,
+    };
     let handed_over = settle(&ctx, d, &envelope, decision, &seen, acks).await;
     release(&ctx, &seen, handed_over);
+    flow
+}
+
+/// The consumer closed while a delivery waited in place: handed back (or left for the
+/// channel's close, as the rule says), and the consumer stops.
+async fn closed_while_held<T, H, R: Rule>(
+    ctx: &Ctx<T, H, R>,
+    d: &Delivery,
+    seen: &Observed,
+) -> Flow {
+    if ctx.rule.requeue_on_close() {
+        ctx.settler.hand_back(d).await;
+    }
+    release(ctx, seen, false);
+    Flow::Stop(None)
 }
 
 /// Waits at the pause gate. `false` when the consumer is closing: the delivery was handed
 /// back with requeue. `true`: it is admitted and counted as in flight until [`release`].
-async fn admit<T, F>(ctx: &Ctx<T, F>, d: &Delivery, mut acks: Option<&mut AckRun>) -> bool {
+async fn admit<T, H, R: Rule>(
+    ctx: &Ctx<T, H, R>,
+    d: &Delivery,
+    mut acks: Option<&mut AckRun>,
+) -> bool {
     let gate = ctx.lifecycle().gate(&ctx.settler.closing);
     tokio::pin!(gate);
     let gate = match (&mut gate).now_or_never() {
@@ -139,7 +225,9 @@ async fn admit<T, F>(ctx: &Ctx<T, F>, d: &Delivery, mut acks: Option<&mut AckRun
         if let Some(acks) = acks {
             ctx.settler.flush(acks).await;
         }
-        ctx.settler.hand_back(d).await;
+        if ctx.rule.requeue_on_close() {
+            ctx.settler.hand_back(d).await;
+        }
         return false;
     }
     ctx.lifecycle().handler_started();
@@ -150,7 +238,11 @@ async fn admit<T, F>(ctx: &Ctx<T, F>, d: &Delivery, mut acks: Option<&mut AckRun
 
 /// Opens the delivery's processing span (a child of the `traceparent` it carries) and its
 /// metric series, and counts it in the series' in-flight gauge.
-fn observe<T, F>(ctx: &Ctx<T, F>, d: &Delivery, envelope: &Envelope) -> (Observed, TraceContext) {
+fn observe<T, H, R>(
+    ctx: &Ctx<T, H, R>,
+    d: &Delivery,
+    envelope: &Envelope,
+) -> (Observed, TraceContext) {
     let (mut trace_ctx, parent) = TraceContext::for_process(&d.properties.headers);
     let seen = Observed {
         started: Instant::now(),
@@ -171,9 +263,17 @@ fn observe<T, F>(ctx: &Ctx<T, F>, d: &Delivery, envelope: &Envelope) -> (Observe
     (seen, trace_ctx)
 }
 
-/// Decodes the body with the consumer's codec; the error is the park reason.
-fn decode<T: 'static, F>(ctx: &Ctx<T, F>, d: &Delivery) -> Result<T, String> {
+/// Decodes the body with the consumer's codec, asking it first whether it reads the
+/// delivered content type; the error is the park reason.
+fn decode<T: 'static, H, R>(ctx: &Ctx<T, H, R>, d: &Delivery) -> Result<T, String> {
     let content_type = d.properties.content_type.as_deref();
+    if !ctx.decoder.accepts(content_type) {
+        let refused = crate::codec::refused(content_type.unwrap_or(""), ctx.decoder.expects());
+        return Err(match refused {
+            Error::Decode { reason } => reason,
+            other => other.to_string(),
+        });
+    }
     ctx.decoder
         .decode(content_type, &d.body)
         .map_err(|e| match e {
@@ -184,8 +284,8 @@ fn decode<T: 'static, F>(ctx: &Ctx<T, F>, d: &Delivery) -> Result<T, String> {
 
 /// Runs the interceptors' `before_handle`, the idempotency claim and the handler (a panic
 /// is a failure like any error), then every `after_handle` in reverse order.
-async fn guarded_run<T, F, Fut>(
-    ctx: &Ctx<T, F>,
+async fn guarded_run<T, H, R>(
+    ctx: &Ctx<T, H, R>,
     d: &Delivery,
     envelope: &Arc<Envelope>,
     payload: T,
@@ -193,8 +293,8 @@ async fn guarded_run<T, F, Fut>(
     trace_ctx: TraceContext,
 ) -> Outcome
 where
-    F: Fn(Message<T>) -> Fut,
-    Fut: Future<Output = Result<(), HandlerError>>,
+    T: Send + 'static,
+    H: Handler<T>,
 {
     let headers = Arc::new(application_headers(&d.properties.headers));
     let chain = ctx.settler.engine.interceptors.consume_chain();
@@ -220,12 +320,29 @@ where
                 routing_key: d.routing_key.clone(),
                 redelivered: d.redelivered,
                 content_type: d.properties.content_type.clone(),
+                stream_offset: crate::headers::stream_offset(&d.properties.headers),
                 cancellation: ctx.settler.closing.child_token(),
             };
+            let layers = ctx.settler.engine.interceptors.layers();
+            let info = HandleInfo {
+                queue: ctx.settler.queue.clone(),
+                envelope: envelope.clone(),
+                headers: headers.clone(),
+            };
+            let cause = Cause {
+                correlation_id: envelope.correlation_id().to_owned(),
+                message_id: envelope.id().to_owned(),
+            };
             ctx.settler.stats.handler_running(true);
-            let outcome = trace::scope(trace_ctx, run_handler(&ctx.handler, message))
-                .instrument(seen.span.clone())
-                .await;
+            let outcome = cause::scope(
+                cause,
+                trace::scope(
+                    trace_ctx,
+                    run_handler(&ctx.handler, message, &layers, &info),
+                ),
+            )
+            .instrument(seen.span.clone())
+            .await;
             ctx.settler.stats.handler_running(false);
             if let Some(store) = &ctx.idempotency {
                 record_claim(ctx, &**store, envelope.id(), &outcome).await;
@@ -262,7 +379,7 @@ enum Claim {
 ///   over: see `acemq-sql`) or its lease runs out.
 /// - An id the store refuses as a key: the message can never be claimed, so it is
 ///   unprocessable.
-async fn claim<T, F>(ctx: &Ctx<T, F>, id: &str) -> Claim {
+async fn claim<T, H, R>(ctx: &Ctx<T, H, R>, id: &str) -> Claim {
     let Some(store) = &ctx.idempotency else {
         return Claim::Run(None);
     };
@@ -299,8 +416,8 @@ async fn claim<T, F>(ctx: &Ctx<T, F>, id: &str) -> Claim {
 }
 
 /// Carries the decision out: into the ack run when there is one, at once otherwise.
-async fn settle<T, F>(
-    ctx: &Ctx<T, F>,
+async fn settle<T, H, R>(
+    ctx: &Ctx<T, H, R>,
     d: Delivery,
     envelope: &Envelope,
     decision: Decision,
@@ -320,7 +437,7 @@ async fn settle<T, F>(
 /// The delivery is settled: no longer in flight.
 /// `handed_over`: the delivery went on in a task of its own (a wait, a failing move), which
 /// now owns its in-flight counts and gives them back when it ends.
-fn release<T, F>(ctx: &Ctx<T, F>, seen: &Observed, handed_over: bool) {
+fn release<T, H, R>(ctx: &Ctx<T, H, R>, seen: &Observed, handed_over: bool) {
     ctx.settler.stats.delivery_done();
     if handed_over {
         return;
@@ -335,8 +452,8 @@ fn release<T, F>(ctx: &Ctx<T, F>, seen: &Observed, handed_over: bool) {
 /// still acked, and a redelivery may run the handler again (once this owner's store takes
 /// its own claim over, or after the lease). Either call's result tells health whether the
 /// store answers.
-async fn record_claim<T, F>(
-    ctx: &Ctx<T, F>,
+async fn record_claim<T, H, R>(
+    ctx: &Ctx<T, H, R>,
     store: &dyn IdempotencyStore,
     id: &str,
     outcome: &Outcome,
@@ -356,13 +473,29 @@ async fn record_claim<T, F>(
     }
 }
 
-/// Runs the handler; a panic is a failure like any error, with the panic message as reason.
-async fn run_handler<T, F, Fut>(handler: &F, message: Message<T>) -> Outcome
-where
-    F: Fn(Message<T>) -> Fut,
-    Fut: Future<Output = Result<(), HandlerError>>,
-{
-    match AssertUnwindSafe(handler(message)).catch_unwind().await {
+/// Runs the handler inside the connection's handler layers (the first registered is
+/// outermost); a panic, in the handler or a layer, is a failure like any error, with the
+/// panic message as reason.
+async fn run_handler<T: Send + 'static, H: Handler<T>>(
+    handler: &Arc<H>,
+    message: Message<T>,
+    layers: &[Arc<dyn crate::intercept::HandlerLayer>],
+    info: &HandleInfo,
+) -> Outcome {
+    let result = if layers.is_empty() {
+        AssertUnwindSafe(handler.call(message)).catch_unwind().await
+    } else {
+        // Called only when polled: a layer that answers by itself runs nothing of the
+        // handler, not even the synchronous part of its call.
+        let handler = handler.clone();
+        let inner: HandlerFuture = Box::pin(async move { handler.call(message).await });
+        let wrapped = layers
+            .iter()
+            .rev()
+            .fold(inner, |next, layer| layer.wrap(info, next));
+        AssertUnwindSafe(wrapped).catch_unwind().await
+    };
+    match result {
         Ok(Ok(())) => Outcome::Handled,
         Ok(Err(e)) => Outcome::Failed(e),
         Err(panic) => Outcome::Failed(HandlerError::retry(format!(

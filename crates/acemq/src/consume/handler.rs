@@ -1,92 +1,45 @@
-//! What a handler returns when it does not succeed.
+//! What a handler is ([`Handler`]: any `Fn(Message<T>) -> impl Future<Output = Result<R,
+//! HandlerError>>`) and what it returns when it does not succeed ([`HandlerError`]).
 
-use std::fmt;
+use std::future::Future;
 
-/// A handler's failure, and what it asks for.
-///
-/// Any error converts with `?` and means "retry" (the policy decides when, and when to
-/// give up). [`HandlerError::fatal`] means "unprocessable": straight to `{q}.dlq`.
+use super::message::Message;
+pub use crate::handler_error::HandlerError;
+pub(crate) use crate::handler_error::Kind;
+
+/// A message handler: what every consumer kind runs for a delivery (a plain consumer, an
+/// ordered partition, a stream reader: `R = ()`; a responder: `R` is the reply). Every
+/// closure or `fn` taking a [`Message<T>`] and returning a future of `Result<R,
+/// HandlerError>` is one; implement it by hand for a handler that is a struct.
 ///
 /// ```
-/// use acemq::consume::HandlerError;
-/// fn parse(s: &str) -> Result<u32, HandlerError> {
-///     let n: u32 = s.parse()?;                 // a ParseIntError: retried
-///     if n == 0 {
-///         return Err(HandlerError::fatal("zero is not an order number")); // to .dlq now
+/// use acemq::consume::{Handler, HandlerError, Message};
+/// struct Audit { prefix: String }
+/// impl Handler<String> for Audit {
+///     type Future = std::future::Ready<Result<(), HandlerError>>;
+///     fn call(&self, m: Message<String>) -> Self::Future {
+///         println!("{}{}", self.prefix, m.payload());
+///         std::future::ready(Ok(()))
 ///     }
-///     Ok(n)
 /// }
-/// assert!(parse("x").unwrap_err().is_retry());
-/// assert!(!parse("0").unwrap_err().is_retry());
+/// fn takes<H: Handler<String>>(_: H) {}
+/// takes(Audit { prefix: "audit: ".into() });
+/// takes(|m: Message<String>| async move { let _ = m.payload(); Ok(()) });
 /// ```
-pub struct HandlerError {
-    pub(crate) kind: Kind,
-    pub(crate) reason: String,
+pub trait Handler<T, R = ()>: Send + Sync + 'static {
+    /// The future one call returns.
+    type Future: Future<Output = Result<R, HandlerError>> + Send + 'static;
+    /// Handles one message.
+    fn call(&self, message: Message<T>) -> Self::Future;
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Kind {
-    Retry,
-    Fatal,
-    Park,
-    DeadLetter,
-    Release,
-}
-
-impl HandlerError {
-    /// Retry under the consumer's policy (what `?` produces).
-    pub fn retry(reason: impl fmt::Display) -> Self {
-        Self::new(Kind::Retry, reason)
-    }
-    /// The message can never be processed: republish it to `{q}.dlq` now
-    /// (outcome `rejected`).
-    pub fn fatal(reason: impl fmt::Display) -> Self {
-        Self::new(Kind::Fatal, reason)
-    }
-    /// Set the message aside in `{q}.parked` (outcome `parked`), e.g. a payload that
-    /// decoded but is not valid for this version of the code.
-    pub fn park(reason: impl fmt::Display) -> Self {
-        Self::new(Kind::Park, reason)
-    }
-    /// Republish it to `{q}.dlq` now (outcome `dead_lettered`).
-    pub fn dead_letter(reason: impl fmt::Display) -> Self {
-        Self::new(Kind::DeadLetter, reason)
-    }
-    /// Hand it back to the broker with requeue, spending no attempt (outcome `released`),
-    /// e.g. when this instance cannot handle it right now.
-    pub fn release() -> Self {
-        Self::new(Kind::Release, "released by the handler")
-    }
-    /// Whether this asks for an ordinary retry.
-    pub fn is_retry(&self) -> bool {
-        self.kind == Kind::Retry
-    }
-    /// The reason text.
-    pub fn reason(&self) -> &str {
-        &self.reason
-    }
-    fn new(kind: Kind, reason: impl fmt::Display) -> Self {
-        HandlerError {
-            kind,
-            reason: reason.to_string(),
-        }
-    }
-}
-
-impl fmt::Debug for HandlerError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "HandlerError({:?}: {})", self.kind, self.reason)
-    }
-}
-
-impl fmt::Display for HandlerError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.reason)
-    }
-}
-
-impl<E: std::error::Error + Send + Sync + 'static> From<E> for HandlerError {
-    fn from(e: E) -> Self {
-        HandlerError::retry(e)
+impl<T, R, F, Fut> Handler<T, R> for F
+where
+    F: Fn(Message<T>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<R, HandlerError>> + Send + 'static,
+{
+    type Future = Fut;
+    fn call(&self, message: Message<T>) -> Fut {
+        self(message)
     }
 }

@@ -37,6 +37,7 @@ pub struct Message<T> {
     pub(crate) routing_key: String,
     pub(crate) redelivered: bool,
     pub(crate) content_type: Option<String>,
+    pub(crate) stream_offset: Option<u64>,
     pub(crate) cancellation: CancellationToken,
 }
 
@@ -81,6 +82,10 @@ impl<T> Message<T> {
     /// The delivered content type.
     pub fn content_type(&self) -> Option<&str> {
         self.content_type.as_deref()
+    }
+    /// The entry's offset, when it was read from a stream (`x-stream-offset`).
+    pub fn stream_offset(&self) -> Option<u64> {
+        self.stream_offset
     }
     /// The reply queue of a request.
     pub fn reply_to(&self) -> Option<&str> {

@@ -5,8 +5,8 @@
 //! never the source queue), subscribes with a prefetch window and runs up to `concurrency`
 //! handlers at once. Each delivery goes through `handle` (admit → decode → guarded run →
 //! decide → settle → release): a body that does not decode is parked, a handler panic is a
-//! failure like any error. The settlement rules are pure functions in `decide`
-//! ([`Decision`], [`decide_failure`], [`bounded`]); carrying a decision out (copies,
+//! failure like any error. The settlement rules are pure functions in `decide` (a
+//! `Decision` per delivery, reasons cut to [`MAX_REASON_BYTES`]); carrying a decision out (copies,
 //! acks, the rung-missing fallback) is `settle`'s job; waits and moves that did not land
 //! go on outside the handler slot in `moves` ([`MoveStatus`]); what happened is counted
 //! once, in `stats` ([`ConsumerStats`]).
@@ -18,16 +18,17 @@
 
 mod audit;
 mod decide;
+mod group;
 mod handle;
 pub(crate) mod handler;
 mod message;
 mod moves;
 mod options;
 pub(crate) mod resubscribe;
+pub(crate) mod rule;
 mod settle;
 mod stats;
 
-use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -36,13 +37,13 @@ use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub use decide::{
-    DEFAULT_RETRY_DELAY_WITHOUT_POLICY, DeadLetterKind, Decision, MAX_REASON_BYTES,
-    STORE_RETRY_INITIAL, STORE_RETRY_MAX, bounded, decide_failure, store_backoff,
-};
-pub use handler::HandlerError;
+pub(crate) use decide::Decision;
+pub use decide::{DEFAULT_RETRY_DELAY_WITHOUT_POLICY, MAX_REASON_BYTES};
+pub(crate) use group::StartMember;
+pub use group::{CONSUMER_GROUP_MEMBERS, ConsumerGroup, GroupDepth, MemberStats};
+pub use handler::{Handler, HandlerError};
 pub use message::Message;
-pub use moves::{MOVE_RETRY_MAX, MoveStatus, SET_ASIDE_PAUSE};
+pub use moves::{MoveStatus, SET_ASIDE_PAUSE};
 pub use options::{
     ConsumerOptions, DEFAULT_BROKER_CHECK, DEFAULT_IN_PROGRESS_DELAY, DEFAULT_PREFETCH,
     DEFAULT_READY_STALL_AFTER,
@@ -53,12 +54,15 @@ use crate::codec::Decoder;
 use crate::engine::Engine;
 use crate::error::Error;
 use crate::lifecycle::ConsumerControl;
+use crate::topology::Topology;
 use crate::transport::{ConsumeSpec, Subscription, Transport, TransportError};
-use handle::{Ctx, handle};
+pub(crate) use decide::{DeadLetterKind, Facts, Final, InPlace, Outcome, bounded};
+pub(crate) use handle::{Ctx, handle};
 use moves::{MoveState, publishing_impossible};
 use resubscribe::resubscribe;
-use settle::{AckRun, Settler};
-use stats::Stats;
+use settle::AckRun;
+pub(crate) use settle::Settler;
+pub(crate) use stats::Stats;
 
 /// A running consumer. Consumption goes on until [`Consumer::close`] or the connection
 /// closes; dropping the handle does not stop it.
@@ -94,7 +98,7 @@ impl Consumer {
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), acemq::Error> {
     /// use acemq::consume::{ConsumerOptions, Message};
     /// let mq = acemq::Connection::connect("memory://doc-moves").await?;
-    /// mq.transport().declare_queue(&acemq::topology::QueueDecl::classic("q")).await?;
+    /// mq.declare(&acemq::topology::Topology::define().queue("q").build()?).await?;
     /// let c = mq.consume("q", ConsumerOptions::default(), |_: Message<String>| async { Ok(()) }).await?;
     /// assert_eq!(c.moves().moves_failing, 0);
     /// assert!(c.moves().waiting_for_publish.is_none());
@@ -118,23 +122,44 @@ impl Consumer {
 /// Starts a consumer of `queue` on `engine` (what [`crate::Connection::consume_with`]
 /// does): refuses bad options and a closed connection, declares the consumer's topology,
 /// subscribes, and spawns the run loop.
-pub(crate) async fn start<T, D, F, Fut>(
+pub(crate) async fn start<T, D, H>(
     engine: &Arc<Engine>,
     queue: &str,
     decoder: D,
     options: ConsumerOptions,
-    handler: F,
+    handler: H,
 ) -> Result<Consumer, Error>
 where
     T: Send + 'static,
     D: Decoder<T>,
-    F: Fn(Message<T>) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
+    H: Handler<T>,
+{
+    let rule = options.rules();
+    let topology = Topology::for_consumer(queue, options.retry_policy());
+    start_kind(engine, queue, decoder, options, rule, &topology, handler).await
+}
+
+/// [`start`] for a consumer kind with a rule of its own (`consume::rule`) and its own
+/// share of the topology (what it declares before subscribing; never the source queue).
+pub(crate) async fn start_kind<T, D, H, R>(
+    engine: &Arc<Engine>,
+    queue: &str,
+    decoder: D,
+    options: ConsumerOptions,
+    rule: R,
+    topology: &Topology,
+    handler: H,
+) -> Result<Consumer, Error>
+where
+    T: Send + 'static,
+    D: Decoder<T>,
+    H: Handler<T>,
+    R: rule::Rule,
 {
     if engine.lifecycle.is_closed() {
         return Err(Error::Closed);
     }
-    if options.prefetch == 0 {
+    if options.prefetch_window() == 0 {
         return Err(Error::InvalidArgument("prefetch must be at least 1".into()));
     }
     if options.concurrency == 0 {
@@ -142,13 +167,11 @@ where
             "concurrency must be at least 1".into(),
         ));
     }
-    engine
-        .declare_for_consumer(queue, options.retry_policy())
-        .await?;
+    engine.declare_consumer_topology(queue, topology).await?;
     // One tag for the consumer's life, kept across re-subscriptions (recoveries).
     let spec = ConsumeSpec {
         queue: queue.to_owned(),
-        prefetch: options.prefetch,
+        prefetch: options.prefetch_window(),
         consumer_tag: consumer_tag(queue),
         exclusive: false,
         arguments: Default::default(),
@@ -168,8 +191,8 @@ where
             in_flight.clone(),
         ),
         decoder: Arc::new(decoder),
-        handler,
-        rules: options.rules(),
+        handler: Arc::new(handler),
+        rule,
         idempotency: options.idempotency.clone(),
         in_flight: in_flight.clone(),
     });
@@ -248,16 +271,16 @@ impl Source {
     }
 }
 
-async fn run<T, F, Fut>(
+async fn run<T, H, R>(
     mut subscription: Box<dyn Subscription>,
     mut source: Source,
-    ctx: Arc<Ctx<T, F>>,
+    ctx: Arc<Ctx<T, H, R>>,
     concurrency: usize,
     stop: CancellationToken,
 ) where
     T: Send + 'static,
-    F: Fn(Message<T>) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
+    H: Handler<T>,
+    R: rule::Rule,
 {
     let slots = Arc::new(Semaphore::new(concurrency));
     let handlers = TaskTracker::new();
@@ -303,11 +326,11 @@ async fn run<T, F, Fut>(
                 // spawn per delivery costs more than a fast handler); the loop would wait
                 // for its slot before the next delivery anyway. A close still cancels the
                 // subscription at once and lets this handler finish.
-                let handled = handle(ctx.clone(), delivery, permit, Some(&mut acks));
+                let handled = handle(ctx.clone(), delivery, Some(permit), Some(&mut acks));
                 tokio::pin!(handled);
                 tokio::select! {
                     biased;
-                    () = &mut handled => {}
+                    _ = &mut handled => {}
                     _ = stop.cancelled() => {
                         let _ = subscription.cancel().await;
                         handled.await;
@@ -316,7 +339,7 @@ async fn run<T, F, Fut>(
                 }
             }
             Some(Ok(delivery)) => {
-                handlers.spawn(handle(ctx.clone(), delivery, permit, None));
+                handlers.spawn(handle(ctx.clone(), delivery, Some(permit), None));
             }
             None if subscription.cancelled_by_us() => break,
             ended_by => {

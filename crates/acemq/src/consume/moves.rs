@@ -46,11 +46,11 @@ use crate::transport::{
 use crate::util::lock;
 
 /// How long a delivery whose move failed waits before the move is tried again (the first
-/// time; the pause doubles on each failure, up to [`MOVE_RETRY_MAX`]).
+/// time; the pause doubles on each failure, up to 30 s).
 pub const SET_ASIDE_PAUSE: Duration = Duration::from_millis(250);
 
 /// The longest pause between two tries of a failing move.
-pub const MOVE_RETRY_MAX: Duration = Duration::from_secs(30);
+pub(crate) const MOVE_RETRY_MAX: Duration = Duration::from_secs(30);
 
 const REJECT: Settlement = Settlement::Reject { requeue: false };
 

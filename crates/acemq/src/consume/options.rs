@@ -37,7 +37,8 @@ pub const DEFAULT_PREFETCH: u16 = 50;
 /// ```
 #[derive(Clone)]
 pub struct ConsumerOptions {
-    pub(super) prefetch: u16,
+    /// `None`: the consumer kind's default.
+    prefetch: Option<u16>,
     pub(super) concurrency: usize,
     retry: Option<RetryPolicy>,
     retry_delay_without_policy: Duration,
@@ -70,7 +71,7 @@ impl std::fmt::Debug for ConsumerOptions {
 impl Default for ConsumerOptions {
     fn default() -> Self {
         ConsumerOptions {
-            prefetch: DEFAULT_PREFETCH,
+            prefetch: None,
             concurrency: 1,
             retry: None,
             retry_delay_without_policy: DEFAULT_RETRY_DELAY_WITHOUT_POLICY,
@@ -84,9 +85,11 @@ impl Default for ConsumerOptions {
 }
 
 impl ConsumerOptions {
-    /// The window of unacked deliveries (default 50, at least 1).
+    /// The window of unacked deliveries (at least 1). The default is the consumer kind's:
+    /// 50 for a consumer or a responder, the builder's (Java's 20) for each ordered
+    /// partition, the reader's (100) for a stream.
     pub fn prefetch(mut self, n: u16) -> Self {
-        self.prefetch = n;
+        self.prefetch = Some(n);
         self
     }
     /// Handlers running at once (default 1; real parallel tasks when more).
@@ -98,11 +101,6 @@ impl ConsumerOptions {
     pub fn retry(mut self, policy: RetryPolicy) -> Self {
         self.retry = Some(policy);
         self
-    }
-    /// The retry policy (the former name of [`ConsumerOptions::retry`]).
-    #[deprecated(since = "0.1.1", note = "use `ConsumerOptions::retry`")]
-    pub fn with_retry(self, policy: RetryPolicy) -> Self {
-        self.retry(policy)
     }
     /// The delay between attempts when there is no policy (default 5 s).
     pub fn retry_delay_without_policy(mut self, delay: Duration) -> Self {
@@ -185,32 +183,53 @@ impl ConsumerOptions {
     pub fn ready_stall_threshold(&self) -> Duration {
         self.ready_stall_after
     }
-    /// The former name of [`ConsumerOptions::in_progress_delay`].
-    #[deprecated(since = "0.1.1", note = "use `ConsumerOptions::in_progress_delay`")]
-    pub fn with_in_progress_delay(self, delay: Duration) -> Self {
-        self.in_progress_delay(delay)
-    }
-    /// The configured prefetch window.
+    /// The prefetch window of a plain consumer with these options.
     pub fn prefetch_window(&self) -> u16 {
-        self.prefetch
+        self.prefetch_or(DEFAULT_PREFETCH)
     }
     /// The configured policy.
     pub fn retry_policy(&self) -> Option<&RetryPolicy> {
         self.retry.as_ref()
     }
-    /// The configured prefetch (the former name of [`ConsumerOptions::prefetch_window`]).
-    #[deprecated(since = "0.1.1", note = "use `ConsumerOptions::prefetch_window`")]
-    pub fn get_prefetch(&self) -> u16 {
-        self.prefetch_window()
-    }
-    /// The configured policy (the former name of [`ConsumerOptions::retry_policy`]).
-    #[deprecated(since = "0.1.1", note = "use `ConsumerOptions::retry_policy`")]
-    pub fn get_retry(&self) -> Option<&RetryPolicy> {
-        self.retry_policy()
-    }
 
     /// The stats (counters and progress) of a consumer with these options.
-    pub(super) fn stats(&self) -> Stats {
+    /// The prefetch window, `default` when none was set.
+    pub(crate) fn prefetch_or(&self, default: u16) -> u16 {
+        self.prefetch.unwrap_or(default)
+    }
+
+    /// The in-place rule of a consumer kind whose order a republish would break, ending
+    /// in `last`; `parks` when undecodable bodies go to `{q}.parked`.
+    pub(crate) fn in_place(&self, last: super::Final, parks: bool) -> super::InPlace {
+        super::InPlace {
+            policy: self.retry.clone(),
+            last,
+            in_progress_delay: self.in_progress_delay,
+            parks,
+        }
+    }
+
+    /// Refuses options an in-place consumer kind (`what`) cannot honour.
+    pub(crate) fn check_in_place(&self, what: &str) -> Result<(), crate::error::Error> {
+        if self.concurrency != 1 {
+            return Err(crate::error::Error::InvalidArgument(format!(
+                "{what} runs one handler at a time to keep its order: concurrency must be 1, got {}",
+                self.concurrency
+            )));
+        }
+        if self.prefetch == Some(0) {
+            return Err(crate::error::Error::InvalidArgument(
+                "prefetch must be at least 1".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn idempotency_store(&self) -> Option<Arc<dyn IdempotencyStore>> {
+        self.idempotency.clone()
+    }
+
+    pub(crate) fn stats(&self) -> Stats {
         Stats::new(self.stall_after, self.idempotency.is_some())
     }
 

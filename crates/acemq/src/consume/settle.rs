@@ -147,6 +147,14 @@ impl Settler {
                 self.move_now(d, copy, counter, seen).await
             }
             Decision::Retry(wait) => self.retry(d, envelope, wait).await,
+            Decision::Skip { reason } => {
+                tracing::warn!(queue = %self.queue, message_id = envelope.id(), %reason, "skipped without being handled");
+                now(self.send(&d, ACK, Counter::Skipped).await)
+            }
+            // Left unsettled: the consumer stops, and the channel's close gives it back.
+            Decision::Stop { .. } => Step::Done(None),
+            // Carried out in the delivery path itself, never handed here.
+            Decision::Again { .. } | Decision::Hold { .. } => Step::Done(None),
         };
         match step {
             Step::Done(Some(counter)) => {

@@ -37,6 +37,14 @@ macro_rules! counters {
             $( $(#[$doc])* pub $field: u64, )*
         }
 
+        impl std::ops::Add for ConsumerStats {
+            type Output = ConsumerStats;
+            /// Counts of two consumers together (a consumer group's members).
+            fn add(self, other: ConsumerStats) -> ConsumerStats {
+                ConsumerStats { $( $field: self.$field.saturating_add(other.$field), )* }
+            }
+        }
+
         /// One counter of [`ConsumerStats`].
         #[derive(Debug, Clone, Copy, PartialEq, Eq)]
         pub(crate) enum Counter {
@@ -77,6 +85,9 @@ counters! {
     Rejected => rejected, Some(ConsumeOutcome::Rejected);
     /// Moved to `{q}.parked` (`parked`).
     Parked => parked, Some(ConsumeOutcome::Parked);
+    /// Acked without being handled, on the consumer's rule (a stream reader that skips
+    /// failures).
+    Skipped => skipped, None;
     /// Handed back with requeue on the handler's request, spending no attempt.
     Released => released, None;
     /// A try of a move whose copy was not confirmed and routed (the delivery keeps its
@@ -334,6 +345,7 @@ mod tests {
             s.dead_lettered,
             s.rejected,
             s.parked,
+            s.skipped,
             s.released,
             s.set_aside_failed,
             s.rung_missing,

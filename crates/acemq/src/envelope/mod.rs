@@ -5,6 +5,11 @@
 //! replay provenance headers, tolerant reading with the family's defaults, the reserved
 //! prefix rule (stripped from what handlers see, refused on publish), and the origin stamp.
 
+pub(crate) mod cause;
+mod route;
+
+pub use route::{ROUTE, ROUTE_ID, ROUTE_POSITION, Route};
+
 use std::sync::OnceLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -73,6 +78,7 @@ pub struct Envelope {
     replayed_at: Option<OffsetDateTime>,
     replay_count: i32,
     reply_to: Option<String>,
+    route: Option<Route>,
 }
 
 impl Envelope {
@@ -96,6 +102,7 @@ impl Envelope {
             replayed_at: None,
             replay_count: 0,
             reply_to: None,
+            route: None,
         }
     }
 
@@ -142,6 +149,7 @@ impl Envelope {
                 .unwrap_or(0),
             reply_to: string(h, REPLY_TO)
                 .or_else(|| properties.reply_to.clone().and_then(non_empty)),
+            route: Route::read(h),
         }
     }
 
@@ -180,6 +188,10 @@ impl Envelope {
         }
         if let Some(r) = &self.reply_to {
             headers.insert(REPLY_TO.into(), HeaderValue::Str(r.clone()));
+        }
+        match &self.route {
+            Some(route) => route.write(headers),
+            None => Route::clear(headers),
         }
     }
 
@@ -309,6 +321,17 @@ impl Envelope {
         self.replay_count = self.replay_count.saturating_add(1);
         self
     }
+    /// The declared routing slip (a pipeline's message), if any.
+    pub fn route(&self) -> Option<&Route> {
+        self.route.as_ref()
+    }
+
+    /// With the declared routing slip `route` (`None` removes it).
+    pub fn with_route(mut self, route: Option<Route>) -> Self {
+        self.route = route;
+        self
+    }
+
     /// Sets the reply queue.
     pub fn with_reply_to(mut self, r: impl Into<String>) -> Self {
         self.reply_to = non_empty(r.into());

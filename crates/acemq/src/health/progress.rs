@@ -1,14 +1,24 @@
 //! The consumers' part of the connection's health: their progress under `consumers` (a
 //! stalled consumer makes it Degraded) and their idempotency stores under `idempotency`.
 //! Built by the engine from the lifecycle's [`ConsumerProgress`] snapshots; never Down.
+//! The two component names are defined here, with the reports that use them; the
+//! connection's own component (`acemq`) is in `health::connection`.
 
 use std::time::SystemTime;
 
 use super::{HealthReport, HealthStatus};
-use crate::engine::CONSUMERS;
 use crate::envelope::format_instant;
-use crate::idempotency::HEALTH_COMPONENT as IDEMPOTENCY;
 use crate::lifecycle::{ConsumerProgress, StoreOutage};
+
+/// The health component listing this connection's consumers (re-exported as
+/// `acemq::connection::CONSUMERS`).
+pub const CONSUMERS: &str = "consumers";
+
+/// The name of the health component that reports the idempotency stores of a
+/// connection's consumers: `Degraded` while a store does not answer (with the error, since
+/// when, and the consumers it affects), `Up` again after its next successful call
+/// (re-exported as `acemq::idempotency::HEALTH_COMPONENT`).
+pub const IDEMPOTENCY: &str = "idempotency";
 
 /// The `consumers` report: Degraded when a consumer stopped on its own (`stopped.{queue}`)
 /// or is stalled (`stalled.{queue}`); `running`, and each running consumer's progress.

@@ -1,8 +1,10 @@
 //! Idempotent consuming: remembering which messages were handled, so a redelivery is not
 //! handled twice.
 //!
-#![doc = include_str!("../../../../docs/idempotency.md")]
+#![doc = include_str!("../../docs/idempotency.md")]
 
+#[cfg(feature = "testing")]
+pub mod conformance;
 mod in_hand;
 mod memory;
 
@@ -14,10 +16,7 @@ use crate::transport::BoxFuture;
 pub(crate) use in_hand::InHand;
 pub use memory::{DEFAULT_MAX_ENTRIES, InMemoryIdempotencyStore};
 
-/// The name of the health component that reports the idempotency stores of a
-/// connection's consumers: `Degraded` while a store does not answer (with the error, since
-/// when, and the consumers it affects), `Up` again after its next successful call.
-pub const HEALTH_COMPONENT: &str = "idempotency";
+pub use crate::health::progress::IDEMPOTENCY as HEALTH_COMPONENT;
 
 /// How long an unconfirmed claim is honoured before another consumer may take it over:
 /// five minutes, the same figure every AceMQ library uses.

@@ -6,18 +6,16 @@
 //! holding the partition through its lock queue `{name}.p{i}.lock`) and their [`OrderedConsumer`] handle, which also reports
 //! to health as `ordered:{name}`.
 //!
-#![doc = include_str!("../../../../docs/ordered.md")]
+#![doc = include_str!("../../docs/ordered.md")]
 
 mod partition;
 mod run;
 mod state;
 
-use std::future::Future;
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -28,12 +26,13 @@ pub use partition::{
 pub use run::{STANDBY_RETRY, lock_queue};
 pub use state::{Halt, ORDERED_HALTED, ORDERED_TOTAL, OrderedStats, PartitionRole};
 
-use crate::codec::Json;
-use crate::consume::{HandlerError, Message};
+use crate::codec::{Decoder, Encoder, Json};
+use crate::consume::{ConsumerOptions, Ctx, Final, Handler, Settler};
 use crate::engine::Engine;
 use crate::error::Error;
 use crate::lifecycle::ConsumerControl;
 use crate::publish::{PublishResult, Publisher, SendOptions};
+use crate::retry::RetryPolicy;
 use crate::topology::{ExchangeKind, QueueDecl, Topology};
 use state::{OrderedHealth, Shared};
 
@@ -42,8 +41,12 @@ pub const DEFAULT_PARTITIONS: u32 = 8;
 /// Java's default prefetch per partition consumer.
 pub const DEFAULT_ORDERED_PREFETCH: u16 = 20;
 
-/// What a partition does when its handler fails. The retry ladder is never used: it would
-/// reorder the partition.
+/// What a partition does when its handler has failed for the last time (at once, or after
+/// the in-place retries of [`OnFailure::RetryInPlace`] or of the consumer options' policy).
+/// The retry ladder is never used: it would reorder the partition. A message the handler
+/// asks to park ([`HandlerError::park`](crate::consume::HandlerError::park)) or to
+/// dead-letter goes to `{q}.parked` or `{q}.dlq` whatever this says, as in a plain
+/// consumer; a body that does not decode is parked.
 ///
 /// ```
 /// use std::time::Duration;
@@ -56,12 +59,14 @@ pub const DEFAULT_ORDERED_PREFETCH: u16 = 20;
 pub enum OnFailure {
     /// Halt the partition: the message is held (unacked, not requeued), nothing behind it
     /// is handed over, the other partitions carry on; [`OrderedConsumer::resume`] runs it
-    /// again from attempt 1.
+    /// again from attempt 1. [`HandlerError::fatal`](crate::consume::HandlerError::fatal)
+    /// halts at once.
     #[default]
     Stop,
     /// Run the handler up to `attempts` times (the first included), waiting `delay` in
     /// between in the consumer; then halt as [`OnFailure::Stop`]. A failure that is not an
-    /// ordinary retry ([`HandlerError::fatal`] and the like) halts at once.
+    /// ordinary retry ([`HandlerError::fatal`](crate::consume::HandlerError::fatal)) halts
+    /// at once.
     RetryInPlace {
         /// Runs of the handler, the first included (at least 1).
         attempts: u32,
@@ -78,7 +83,10 @@ type KeyFn<T> = Arc<dyn Fn(&T) -> String + Send + Sync>;
 
 /// An ordered queue: per key, messages are handled in the order they were published;
 /// different keys run in parallel, one partition per consumer task. Built with
-/// [`Connection::ordered`](crate::Connection::ordered).
+/// [`Connection::ordered`](crate::Connection::ordered) (JSON) or
+/// [`Connection::ordered_with`](crate::Connection::ordered_with) (the codec `C`, which
+/// encodes what [`send`](OrderedQueue::send) publishes and decodes what
+/// [`consume`](OrderedQueue::consume) hands over).
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), acemq::Error> {
@@ -103,9 +111,10 @@ type KeyFn<T> = Arc<dyn Fn(&T) -> String + Send + Sync>;
 /// consumer.close().await;
 /// # Ok(()) }
 /// ```
-pub struct OrderedQueue<T> {
+pub struct OrderedQueue<T, C = Json> {
     engine: Arc<Engine>,
     name: String,
+    codec: Arc<C>,
     partitions: u32,
     prefetch: u16,
     on_failure: OnFailure,
@@ -113,7 +122,7 @@ pub struct OrderedQueue<T> {
     publishers: OnceLock<Vec<Publisher<T>>>,
 }
 
-impl<T> std::fmt::Debug for OrderedQueue<T> {
+impl<T, C> std::fmt::Debug for OrderedQueue<T, C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("OrderedQueue")
             .field("name", &self.name)
@@ -125,12 +134,14 @@ impl<T> std::fmt::Debug for OrderedQueue<T> {
     }
 }
 
-impl<T> OrderedQueue<T> {
-    /// A builder with Java's defaults: 8 partitions, prefetch 20, [`OnFailure::Stop`].
-    pub(crate) fn new(engine: Arc<Engine>, name: &str) -> Self {
+impl<T, C> OrderedQueue<T, C> {
+    /// A builder with Java's defaults: 8 partitions, prefetch 20, [`OnFailure::Stop`];
+    /// `codec` encodes the sends and decodes the deliveries.
+    pub(crate) fn new(engine: Arc<Engine>, name: &str, codec: C) -> Self {
         OrderedQueue {
             engine,
             name: name.to_owned(),
+            codec: Arc::new(codec),
             partitions: DEFAULT_PARTITIONS,
             prefetch: DEFAULT_ORDERED_PREFETCH,
             on_failure: OnFailure::Stop,
@@ -231,7 +242,7 @@ impl<T> OrderedQueue<T> {
     }
 }
 
-impl<T: Serialize + 'static> OrderedQueue<T> {
+impl<T: 'static, C: Encoder<T>> OrderedQueue<T, C> {
     /// Publishes `payload` to its partition (exchange `{name}`, routing key `p{i}`) through
     /// the connection's publish path (envelope headers, confirms, mandatory) and waits for
     /// the confirm. Fails with [`Error::InvalidArgument`] without [`OrderedQueue::keyed_by`].
@@ -260,7 +271,7 @@ impl<T: Serialize + 'static> OrderedQueue<T> {
                         self.engine.clone(),
                         self.name.clone(),
                         partition_routing_key(i),
-                        Json,
+                        self.codec.clone(),
                     )
                 })
                 .collect()
@@ -275,26 +286,76 @@ impl<T: Serialize + 'static> OrderedQueue<T> {
     }
 }
 
-impl<T: DeserializeOwned + Send + 'static> OrderedQueue<T> {
+impl<T: Send + 'static, C: Decoder<T>> OrderedQueue<T, C> {
     /// Consumes every partition, one handler at a time per partition, partitions in
-    /// parallel. Declares each partition's `{q}.dlq` and `{q}.parked` (with `acemq.dlx`),
-    /// never the partition queues (call [`OrderedQueue::declare`]). Each partition is taken
-    /// by declaring its lock queue ([`lock_queue`], exclusive to this connection) and
+    /// parallel, with default options: [`OrderedQueue::consume_with`].
+    pub async fn consume<H: Handler<T>>(&self, handler: H) -> Result<OrderedConsumer, Error> {
+        self.consume_with(ConsumerOptions::default(), handler).await
+    }
+
+    /// Consumes every partition with `options`, each delivery through the same steps as a
+    /// plain consumer's (the connection's interceptors and handler layers, the idempotency
+    /// claim of [`ConsumerOptions::idempotent`], the crash-loop guard, spans and the
+    /// family's consume metrics per partition queue). What differs is the rule: a failure
+    /// is retried in place on the options' [`retry`](ConsumerOptions::retry) policy (every
+    /// wait in the consumer; never a rung, which would reorder the partition), then the
+    /// queue's [`OnFailure`] step; a message claimed elsewhere, or a store outage, waits
+    /// in place without spending an attempt. `prefetch` defaults to the builder's
+    /// ([`OrderedQueue::prefetch`]); `concurrency` must be 1.
+    ///
+    /// Declares each partition's `{q}.dlq` and `{q}.parked` (with `acemq.dlx`), never the
+    /// partition queues (call [`OrderedQueue::declare`]). Each partition is taken by
+    /// declaring its lock queue ([`lock_queue`], exclusive to this connection) and
     /// consuming it exclusively; a partition another connection holds is on standby and
     /// taken over within seconds of its holder going. Registers `ordered:{name}` with the
     /// connection's health.
-    pub async fn consume<F, Fut>(&self, handler: F) -> Result<OrderedConsumer, Error>
-    where
-        F: Fn(Message<T>) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
-    {
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), acemq::Error> {
+    /// use acemq::consume::{ConsumerOptions, Message};
+    /// use acemq::idempotency::InMemoryIdempotencyStore;
+    /// let mq = acemq::Connection::connect("memory://doc-ordered-with").await?;
+    /// let ledger = mq.ordered::<String>("ledger-with").partitions(2).keyed_by(|s| s.clone());
+    /// ledger.declare().await?;
+    /// let options = ConsumerOptions::default().idempotent(InMemoryIdempotencyStore::for_one_day());
+    /// let consumer = ledger
+    ///     .consume_with(options, |m: Message<String>| async move { let _ = m.payload(); Ok(()) })
+    ///     .await?;
+    /// consumer.close().await;
+    /// # Ok(()) }
+    /// ```
+    pub async fn consume_with<H: Handler<T>>(
+        &self,
+        options: ConsumerOptions,
+        handler: H,
+    ) -> Result<OrderedConsumer, Error> {
         self.check()?;
         let engine = &self.engine;
         if engine.lifecycle.is_closed() {
             return Err(Error::Closed);
         }
-        if self.prefetch == 0 {
+        options.check_in_place("an ordered partition")?;
+        let prefetch = options.prefetch_or(self.prefetch);
+        if prefetch == 0 {
             return Err(Error::InvalidArgument("prefetch must be at least 1".into()));
+        }
+        let last = match self.on_failure {
+            OnFailure::Skip => Final::DeadLetter {
+                prefix: format!("skipped by ordered queue {}", self.name),
+            },
+            OnFailure::Stop | OnFailure::RetryInPlace { .. } => Final::Halt,
+        };
+        let mut rule = options.in_place(last, true);
+        if let OnFailure::RetryInPlace { attempts, delay } = self.on_failure {
+            if rule.policy.is_some() {
+                return Err(Error::InvalidArgument(format!(
+                    "ordered queue {:?}: say the in-place retries once, either OnFailure::RetryInPlace or ConsumerOptions::retry",
+                    self.name
+                )));
+            }
+            rule.policy = Some(RetryPolicy::fixed(attempts.max(1), delay).map_err(|e| {
+                Error::InvalidArgument(format!("ordered queue {:?}: {e}", self.name))
+            })?);
         }
         if engine.has_health(&state::health_name(&self.name)) {
             return Err(Error::InvalidArgument(format!(
@@ -319,21 +380,42 @@ impl<T: DeserializeOwned + Send + 'static> OrderedQueue<T> {
             done,
             shared.clone(),
         ));
+        let decoder: Arc<dyn Decoder<T>> = self.codec.clone();
+        let handler = Arc::new(handler);
+        let mut cores = Vec::with_capacity(shared.partitions.len());
+        let mut partition_stats = Vec::with_capacity(shared.partitions.len());
+        for (index, part) in shared.partitions.iter().enumerate() {
+            let stats = Arc::new(options.stats());
+            partition_stats.push(stats.clone());
+            // One count of the partition's deliveries in flight, shared with the waits its
+            // settler hands them to.
+            let in_flight = Arc::new(AtomicUsize::new(0));
+            cores.push(Arc::new(Ctx {
+                settler: Settler::new(
+                    engine.clone(),
+                    Arc::from(part.queue.as_str()),
+                    stats,
+                    closing.clone(),
+                    in_flight.clone(),
+                ),
+                decoder: decoder.clone(),
+                handler: handler.clone(),
+                rule: run::PartitionRule {
+                    in_place: rule.clone(),
+                    shared: shared.clone(),
+                    index,
+                    stop: stop.clone(),
+                },
+                idempotency: options.idempotency_store(),
+                in_flight,
+            }));
+        }
+        let _ = shared.partition_stats.set(partition_stats);
         engine.lifecycle.register(control.clone());
         engine.register_health(Arc::new(OrderedHealth(shared.clone())));
-        let ctx = Arc::new(run::Ctx {
-            engine: engine.clone(),
-            shared: shared.clone(),
-            decoder: Arc::new(Json),
-            handler,
-            on_failure: self.on_failure,
-            prefetch: self.prefetch,
-            stop,
-            closing,
-        });
         let tasks = TaskTracker::new();
-        for p in 0..shared.partitions.len() {
-            tasks.spawn(run::partition(ctx.clone(), p));
+        for core in cores {
+            tasks.spawn(run::partition(core, prefetch));
         }
         tasks.close();
         let (engine, name) = (engine.clone(), state::health_name(&self.name));

@@ -5,11 +5,12 @@
 //! and the `acemq.ordered.*` metrics.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::SystemTime;
 
 use tokio::sync::watch;
 
+use crate::consume::Stats;
 use crate::health::{HealthContributor, HealthReport};
 use crate::lifecycle::{ConsumerProgress, ReportsProgress};
 use crate::util::lock;
@@ -85,9 +86,9 @@ pub(crate) struct Shared {
     skipped: AtomicU64,
     parked: AtomicU64,
     held_again: AtomicU64,
-    running: AtomicU64,
-    last_delivery: Mutex<Option<SystemTime>>,
-    last_settlement: Mutex<Option<SystemTime>>,
+    /// Each partition's consumer counters and progress (the one delivery path's), once
+    /// consuming started.
+    pub(crate) partition_stats: OnceLock<Vec<Arc<Stats>>>,
 }
 
 /// What happened to one delivery, for the counters and the metric.
@@ -128,9 +129,7 @@ impl Shared {
             skipped: AtomicU64::new(0),
             parked: AtomicU64::new(0),
             held_again: AtomicU64::new(0),
-            running: AtomicU64::new(0),
-            last_delivery: Mutex::new(None),
-            last_settlement: Mutex::new(None),
+            partition_stats: OnceLock::new(),
         }
     }
 
@@ -158,18 +157,6 @@ impl Shared {
         *lock(&p.role) = role;
     }
 
-    pub(crate) fn delivered(&self) {
-        *lock(&self.last_delivery) = Some(SystemTime::now());
-    }
-
-    pub(crate) fn running(&self, on: bool) {
-        if on {
-            self.running.fetch_add(1, Ordering::SeqCst);
-        } else {
-            self.running.fetch_sub(1, Ordering::SeqCst);
-        }
-    }
-
     pub(crate) fn held_again(&self) {
         self.held_again.fetch_add(1, Ordering::SeqCst);
     }
@@ -186,9 +173,6 @@ impl Shared {
             Fate::Halted => &self.failed,
         };
         counter.fetch_add(1, Ordering::SeqCst);
-        if fate != Fate::Halted {
-            *lock(&self.last_settlement) = Some(SystemTime::now());
-        }
         metrics::counter!(
             ORDERED_TOTAL,
             "queue" => p.queue.clone(),
@@ -311,12 +295,11 @@ impl HealthContributor for OrderedHealth {
 
 impl ReportsProgress for Shared {
     fn progress(&self) -> ConsumerProgress {
-        let running = self.running.load(Ordering::SeqCst) as usize;
-        ConsumerProgress {
-            last_delivery: *lock(&self.last_delivery),
-            last_settlement: *lock(&self.last_settlement),
-            in_hand: running,
-            running,
+        let mut all = ConsumerProgress {
+            last_delivery: None,
+            last_settlement: None,
+            in_hand: 0,
+            running: 0,
             held: 0,
             moves_failing: 0,
             set_aside_failed: 0,
@@ -324,6 +307,22 @@ impl ReportsProgress for Shared {
             stalled: None,
             stall_after: std::time::Duration::ZERO,
             store: None,
+        };
+        for p in self.partition_stats.get().into_iter().flatten() {
+            let one = p.progress();
+            all.last_delivery = all.last_delivery.max(one.last_delivery);
+            all.last_settlement = all.last_settlement.max(one.last_settlement);
+            all.in_hand += one.in_hand;
+            all.running += one.running;
+            all.held += one.held;
+            all.moves_failing += one.moves_failing;
+            all.set_aside_failed += one.set_aside_failed;
+            // An outage any partition saw wins over a store that answers.
+            all.store = match (all.store.take(), one.store) {
+                (Some(Some(o)), _) | (_, Some(Some(o))) => Some(Some(o)),
+                (a, b) => a.or(b),
+            };
         }
+        all
     }
 }

@@ -126,9 +126,6 @@ pub struct ReplayReport {
     /// The envelope ids of the messages the filter accepted, in the order seen: what a dry
     /// run would move, or what a pass moved or purged.
     pub matched_ids: Vec<String>,
-    /// Old name of [`ReplayReport::declined`] (same value).
-    #[deprecated(note = "use `declined`, the same count")]
-    pub skipped: usize,
 }
 
 /// How far a pass has got, handed to [`Replay::on_progress`] after each message.

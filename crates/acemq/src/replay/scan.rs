@@ -63,12 +63,7 @@ impl Replay {
         };
         let ran = pass.run(mode, max, budget, &mut filter).await;
         let ended = pass.finish().await;
-        let mut report = pass.report;
-        #[allow(deprecated)]
-        {
-            report.skipped = report.declined;
-        }
-        ran.and(ended).map(|()| report)
+        ran.and(ended).map(|()| pass.report)
     }
 }
 

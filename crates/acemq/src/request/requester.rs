@@ -15,7 +15,7 @@ use super::replies::{RequesterHealth, Shared, run};
 use super::{
     REPLY_PREFETCH, REPLY_QUEUE_EXPIRES_MS, REPLY_QUEUE_PREFIX, RequestError, simple_type_name,
 };
-use crate::codec::{Decoder, Json};
+use crate::codec::{Decoder, Encoder, Json};
 use crate::engine::Engine;
 use crate::error::Error;
 use crate::headers::HeaderValue;
@@ -158,6 +158,47 @@ impl Requester {
         Req: Serialize + ?Sized + 'static,
         Resp: DeserializeOwned,
     {
+        self.request_with(exchange, routing_key, Json, request, timeout)
+            .await
+    }
+
+    /// [`Requester::request`] with another codec: `request` is encoded with `codec` (its
+    /// content type on the wire) and the reply decoded with it; a reply in a content type
+    /// the codec does not [accept](Decoder::accepts) is [`RequestError::Reply`]. The
+    /// responder should answer with the same codec
+    /// ([`Connection::respond_with`](crate::Connection::respond_with)).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use acemq::codec::Text;
+    /// use acemq::consume::{ConsumerOptions, Message};
+    /// let mq = acemq::Connection::connect("memory://doc-request-with").await?;
+    /// mq.transport().declare_queue(&acemq::topology::QueueDecl::classic("greet")).await?;
+    /// let _responder = mq
+    ///     .respond_with("greet", Text, ConsumerOptions::default(), |m: Message<String>| async move {
+    ///         Ok(format!("hello, {}", m.payload()))
+    ///     })
+    ///     .await?;
+    /// let requester = mq.requester().await?;
+    /// let answer: String = requester
+    ///     .request_with("", "greet", Text, "ann", Duration::from_secs(5))
+    ///     .await?;
+    /// assert_eq!(answer, "hello, ann");
+    /// # Ok(()) }
+    /// ```
+    pub async fn request_with<Req, Resp, C>(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        codec: C,
+        request: &Req,
+        timeout: Duration,
+    ) -> Result<Resp, RequestError>
+    where
+        Req: ?Sized + 'static,
+        C: Encoder<Req> + Decoder<Resp>,
+    {
         let started = Instant::now();
         let shared = &self.inner.shared;
         let engine = &shared.engine;
@@ -180,8 +221,13 @@ impl Requester {
         let mut slot = shared
             .register(&correlation_id)
             .ok_or(RequestError::Closed)?;
-        let publisher: Publisher<Req> =
-            Publisher::new(engine.clone(), exchange.into(), routing_key.into(), Json);
+        let codec = Arc::new(codec);
+        let publisher: Publisher<Req> = Publisher::new(
+            engine.clone(),
+            exchange.into(),
+            routing_key.into(),
+            codec.clone(),
+        );
         let options = SendOptions::new()
             .correlation_id(correlation_id.clone())
             .reply_to(shared.queue())
@@ -230,7 +276,7 @@ impl Requester {
             started.elapsed(),
         );
         trace::record_outcome(&span, RequestOutcome::Answered.as_str(), false);
-        Decoder::<Resp>::decode(&Json, reply.content_type.as_deref(), &reply.body).map_err(
+        Decoder::<Resp>::decode(&*codec, reply.content_type.as_deref(), &reply.body).map_err(
             |source| RequestError::Reply {
                 correlation_id,
                 source,

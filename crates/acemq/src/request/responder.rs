@@ -5,17 +5,14 @@
 //! its answer. A failure of the application's handler, or a reply that could not be
 //! published, is an ordinary handler failure: the consumer's retry policy decides.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 use tracing::Instrument;
 
 use super::simple_type_name;
-use crate::codec::Json;
-use crate::consume::{Consumer, ConsumerOptions, ConsumerStats, HandlerError, Message};
+use crate::codec::{Decoder, Encoder};
+use crate::consume::{Consumer, ConsumerOptions, ConsumerStats, Handler, HandlerError, Message};
 use crate::engine::Engine;
 use crate::error::Error;
 use crate::observe::metrics::PublishOutcome;
@@ -95,40 +92,51 @@ impl Responder {
     }
 }
 
-/// Starts a responder on `queue` (what [`crate::Connection::respond`] does).
-pub(crate) async fn start<Req, Resp, F, Fut>(
+/// Starts a responder on `queue` whose requests are decoded and replies encoded with
+/// `codec` (what [`crate::Connection::respond_with`] does).
+pub(crate) async fn start<Req, Resp, C, H>(
     engine: &Arc<Engine>,
     queue: &str,
+    codec: C,
     options: ConsumerOptions,
-    handler: F,
+    handler: H,
 ) -> Result<Responder, Error>
 where
-    Req: DeserializeOwned + Send + 'static,
-    Resp: Serialize + Send + 'static,
-    F: Fn(Message<Req>) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<Resp, HandlerError>> + Send + 'static,
+    Req: Send + 'static,
+    Resp: Send + 'static,
+    C: Decoder<Req> + Encoder<Resp>,
+    H: Handler<Req, Resp>,
 {
     let counts = Arc::new(Counts::default());
     let handler = Arc::new(handler);
+    let codec = Arc::new(codec);
     let wrapper = {
-        let (engine, counts) = (engine.clone(), counts.clone());
-        move |m: Message<Req>| answer(engine.clone(), counts.clone(), handler.clone(), m)
+        let (engine, counts, codec) = (engine.clone(), counts.clone(), codec.clone());
+        move |m: Message<Req>| {
+            answer(
+                engine.clone(),
+                counts.clone(),
+                codec.clone(),
+                handler.clone(),
+                m,
+            )
+        }
     };
-    let consumer = crate::consume::start(engine, queue, Json, options, wrapper).await?;
+    let consumer = crate::consume::start(engine, queue, codec, options, wrapper).await?;
     Ok(Responder { consumer, counts })
 }
 
 /// One request: reply address, handler, reply.
-async fn answer<Req, Resp, F, Fut>(
+async fn answer<Req, Resp, C, H>(
     engine: Arc<Engine>,
     counts: Arc<Counts>,
-    handler: Arc<F>,
+    codec: Arc<C>,
+    handler: Arc<H>,
     m: Message<Req>,
 ) -> Result<(), HandlerError>
 where
-    Resp: Serialize,
-    F: Fn(Message<Req>) -> Fut,
-    Fut: Future<Output = Result<Resp, HandlerError>>,
+    C: Encoder<Resp>,
+    H: Handler<Req, Resp>,
 {
     // Header first, property second: Envelope::read does it in that order.
     let Some(reply_to) = m.reply_to().map(str::to_owned) else {
@@ -138,11 +146,18 @@ where
     };
     let request_id = m.envelope().id().to_owned();
     let correlation_id = m.envelope().correlation_id().to_owned();
-    let answer = handler(m).await?;
+    let answer = handler.call(m).await?;
     // Counted before the publish (a requester may see the reply before this returns),
     // given back when it fails.
     counts.answered.fetch_add(1, Ordering::Relaxed);
-    let reply = build_reply(&engine, &reply_to, &correlation_id, &request_id, &answer);
+    let reply = build_reply(
+        &engine,
+        &*codec,
+        &reply_to,
+        &correlation_id,
+        &request_id,
+        &answer,
+    );
     drop(answer);
     let sent = match reply {
         Ok(reply) => publish_reply(&engine, reply).await,
@@ -187,9 +202,11 @@ struct Reply {
 }
 
 /// The reply to `reply_to` through the default exchange with the request's correlation and
-/// causation = the request's id; its `traceparent` a child of the handler's context.
-fn build_reply<Resp: Serialize>(
+/// causation = the request's id, encoded with `codec` (its content type on the reply); its
+/// `traceparent` a child of the handler's context.
+fn build_reply<Resp, C: Encoder<Resp>>(
     engine: &Engine,
+    codec: &C,
     reply_to: &str,
     correlation_id: &str,
     request_id: &str,
@@ -200,7 +217,7 @@ fn build_reply<Resp: Serialize>(
         .correlation_id(correlation_id)
         .causation_id(request_id)
         .message_type(message_type.clone());
-    let mut out = prepare(&Json, "", reply_to, answer, options, &engine.origin)?;
+    let mut out = prepare(codec, "", reply_to, answer, options, &engine.origin)?;
     let (ctx, parent) = TraceContext::for_publish();
     ctx.inject(&mut out.properties.headers);
     let id = out.properties.message_id.as_deref().unwrap_or_default();

@@ -420,5 +420,7 @@ fn millis_u64(d: Duration) -> u64 {
 
 mod schedule;
 
+pub use schedule::render_delay;
+
 #[cfg(test)]
 mod tests;

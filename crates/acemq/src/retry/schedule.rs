@@ -1,5 +1,7 @@
 //! The arithmetic of a [`RetryPolicy`]: its schedule, the rungs it needs, the wait after
-//! a failed attempt (with jitter for consumer waits), and its `Display`.
+//! a failed attempt (with jitter for consumer waits), its `Display`, and how a delay is
+//! written ([`render_delay`]: in rung names, which `topology` derives from here, and in
+//! `Display`).
 
 use std::fmt;
 use std::time::Duration;
@@ -7,7 +9,6 @@ use std::time::Duration;
 use rand::RngExt;
 
 use super::{RetryPolicy, Shape, Wait};
-use crate::topology::render_delay;
 
 /// The shortest wait a consumer ever sleeps, whatever the schedule and the jitter say.
 const CONSUMER_WAIT_FLOOR: Duration = Duration::from_millis(1);
@@ -290,4 +291,70 @@ impl fmt::Display for RetryPolicy {
 /// NaN, which the validated inputs cannot produce, would read as zero).
 fn float_millis(ms: f64) -> Duration {
     Duration::from_millis(ms as u64)
+}
+
+/// How a delay appears in a rung name. The delay is taken in whole milliseconds and the
+/// first rule that fits applies: a whole number of hours (at least one) gives `{n}h`; else
+/// a whole number of minutes gives `{n}m`; else a whole number of seconds gives `{n}s`;
+/// else `{n}ms`. So 90 s is `90s` (not `1m30s`), 90 minutes is `90m`, 2 hours is `2h`.
+///
+/// Sub-second delays: this follows the Java library, the family's reference, and writes
+/// `500ms`. The Go, Python and Ruby libraries truncate to whole seconds and write `0s`;
+/// the two names are different queues. The case only arises when a policy lowers its
+/// broker-wait threshold below one second, which is recorded as a known disagreement in
+/// the contract fixtures (`naming.subSecondDisagreement`) and in `docs/wire.md` §11.
+///
+/// ```
+/// use std::time::Duration;
+/// use acemq::topology::render_delay;
+/// assert_eq!(render_delay(Duration::from_millis(500)), "500ms");
+/// assert_eq!(render_delay(Duration::from_secs(90)), "90s");
+/// assert_eq!(render_delay(Duration::from_secs(5400)), "90m");
+/// assert_eq!(render_delay(Duration::from_secs(7200)), "2h");
+/// ```
+pub fn render_delay(delay: Duration) -> String {
+    const SECOND: u128 = 1_000;
+    const MINUTE: u128 = 60 * SECOND;
+    const HOUR: u128 = 60 * MINUTE;
+    let ms = delay.as_millis();
+    if ms >= HOUR && ms.is_multiple_of(HOUR) {
+        format!("{}h", ms / HOUR)
+    } else if ms >= MINUTE && ms.is_multiple_of(MINUTE) {
+        format!("{}m", ms / MINUTE)
+    } else if ms >= SECOND && ms.is_multiple_of(SECOND) {
+        format!("{}s", ms / SECOND)
+    } else {
+        format!("{ms}ms")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn render_delay_takes_the_first_rule_that_fits() {
+        let cases = [
+            (0, "0ms"),
+            (1, "1ms"),
+            (500, "500ms"),
+            (1_000, "1s"),
+            (1_500, "1500ms"),
+            (30_000, "30s"),
+            (59_000, "59s"),
+            (60_000, "1m"),
+            (90_000, "90s"),
+            (160_000, "160s"),
+            (300_000, "5m"),
+            (3_600_000, "1h"),
+            (5_400_000, "90m"),
+            (7_200_000, "2h"),
+            (86_400_000, "24h"),
+        ];
+        for (ms, want) in cases {
+            assert_eq!(render_delay(Duration::from_millis(ms)), want, "{ms} ms");
+        }
+        // Sub-millisecond parts are dropped, like the milliseconds the rung TTL carries.
+        assert_eq!(render_delay(Duration::from_micros(1_000_999)), "1s");
+    }
 }

@@ -21,8 +21,8 @@
 //! let reader = mq
 //!     .stream::<serde_json::Value>("orders.events")
 //!     .from_last_duration(Duration::from_secs(600))
-//!     .consume(|entry| async move {
-//!         println!("{} at offset {}", entry.payload, entry.offset);
+//!     .consume(|m: acemq::consume::Message<serde_json::Value>| async move {
+//!         println!("{} at offset {:?}", m.payload(), m.stream_offset());
 //!         Ok(())
 //!     })
 //!     .await?;
@@ -36,14 +36,14 @@ use crate::error::Error;
 use crate::headers::{HeaderValue, Headers};
 use crate::topology::QueueDecl;
 
+mod offsets;
 pub mod position;
 mod reader;
 
-pub use reader::{StreamConsumer, StreamEntry, StreamReader};
+pub use offsets::{MemoryOffsetStore, OffsetStore};
+pub use reader::{StreamConsumer, StreamReader};
 
-/// The consumer argument that says where a stream reader starts, and the delivery header
-/// that carries each entry's offset.
-pub const STREAM_OFFSET: &str = "x-stream-offset";
+pub use crate::headers::STREAM_OFFSET;
 
 /// The default prefetch of a stream reader (Java and .NET; Go, Python and Ruby use 10).
 pub const DEFAULT_STREAM_PREFETCH: u16 = 100;
@@ -205,10 +205,7 @@ impl StreamOffset {
 /// The offset of a delivered stream entry, from its `x-stream-offset` header (any integer
 /// width); `None` when the header is absent (not a stream delivery).
 pub fn offset_of(headers: &Headers) -> Option<u64> {
-    headers
-        .get(STREAM_OFFSET)
-        .and_then(HeaderValue::as_i64)
-        .and_then(|v| u64::try_from(v).ok())
+    crate::headers::stream_offset(headers)
 }
 
 #[cfg(test)]

@@ -1,12 +1,14 @@
-//! The typed stream reader: subscribes with `x-stream-offset`, runs the handler one entry
-//! at a time in offset order, acks each entry (a stream's acks only open the prefetch
-//! window), and subscribes again after a lost connection from the reader's
-//! [`StreamPosition`].
+//! The typed stream reader: subscribes with `x-stream-offset` and hands entries, one at a
+//! time in offset order, to the one delivery path (`consume::handle`: interceptors,
+//! handler layers, the idempotency claim, spans and metrics, as every consumer) under the
+//! stream's rule ([`StreamRule`]: a failure is retried in place on the options' policy,
+//! then skipped or stops the reader; nothing is ever republished into a log). It acks each
+//! entry (a stream's acks only open the prefetch window), subscribes again after a lost
+//! connection from the reader's [`StreamPosition`], and commits its last finished offset to
+//! an [`OffsetStore`] when it has one.
 
-use std::future::Future;
 use std::marker::PhantomData;
-use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -14,39 +16,41 @@ use futures::FutureExt;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use super::offsets::OffsetStore;
 use super::position::StreamPosition;
 use super::{DEFAULT_STREAM_PREFETCH, STREAM_OFFSET, StreamOffset, offset_of};
 use crate::codec::Decoder;
-use crate::consume::HandlerError;
 use crate::consume::resubscribe::resubscribe;
+use crate::consume::rule::{Begin, Flow, Rule};
+use crate::consume::{
+    ConsumerOptions, ConsumerStats, Ctx, Decision, Facts, Final, Handler, InPlace, Outcome,
+    Settler, Stats, handle,
+};
 use crate::engine::Engine;
+use crate::envelope::Envelope;
 use crate::error::Error;
 use crate::headers::Headers;
-use crate::lifecycle::{ConsumerControl, ConsumerProgress, ReportsProgress};
-use crate::transport::{ConsumeSpec, Delivery, Properties, Subscription};
+use crate::lifecycle::ConsumerControl;
+use crate::transport::{ConsumeSpec, Delivery, Subscription};
+use crate::util::lock;
 
-/// One entry read from a stream.
-#[derive(Debug)]
-#[non_exhaustive]
-pub struct StreamEntry<T> {
-    /// The decoded payload.
-    pub payload: T,
-    /// Its offset in the stream.
-    pub offset: u64,
-    /// Its properties and headers as delivered.
-    pub properties: Properties,
-}
+/// Entries finished between two offset commits at most (a commit is also made whenever
+/// no entry is waiting, and when the reader stops).
+const COMMIT_EVERY: u64 = 100;
 
 /// Builds a stream reader; obtained from [`Connection::stream`](crate::Connection::stream).
+/// Handlers receive a [`Message`](crate::consume::Message), as every consumer's do, with
+/// the entry's offset in [`Message::stream_offset`](crate::consume::Message::stream_offset).
 ///
 /// ```no_run
 /// # async fn demo(mq: acemq::Connection) -> Result<(), acemq::Error> {
+/// use acemq::consume::Message;
 /// let reader = mq
 ///     .stream::<String>("audit")
 ///     .from_offset(1_000)
 ///     .prefetch(50)
 ///     .skip_failures()
-///     .consume(|entry| async move { println!("{}", entry.payload); Ok(()) })
+///     .consume(|m: Message<String>| async move { println!("{}", m.payload()); Ok(()) })
 ///     .await?;
 /// # Ok(()) }
 /// ```
@@ -57,6 +61,7 @@ pub struct StreamReader<T, D> {
     start: StreamOffset,
     prefetch: u16,
     skip_failures: bool,
+    offsets: Option<(Arc<dyn OffsetStore>, String)>,
     _payload: PhantomData<fn() -> T>,
 }
 
@@ -67,6 +72,7 @@ impl<T, D> std::fmt::Debug for StreamReader<T, D> {
             .field("start", &self.start)
             .field("prefetch", &self.prefetch)
             .field("skip_failures", &self.skip_failures)
+            .field("offsets", &self.offsets.as_ref().map(|(_, name)| name))
             .finish_non_exhaustive()
     }
 }
@@ -80,6 +86,7 @@ impl<T: Send + 'static, D: Decoder<T>> StreamReader<T, D> {
             start: StreamOffset::Next,
             prefetch: DEFAULT_STREAM_PREFETCH,
             skip_failures: false,
+            offsets: None,
             _payload: PhantomData,
         }
     }
@@ -99,7 +106,9 @@ impl<T: Send + 'static, D: Decoder<T>> StreamReader<T, D> {
         self.from(StreamOffset::Next)
     }
 
-    /// Starts at offset `n`.
+    /// Starts at offset `n`, inclusive: the entry at `n` is the first one handed to the
+    /// handler (the broker delivers from the start of `n`'s chunk; what is before `n` is
+    /// acked unseen).
     pub fn from_offset(self, n: u64) -> Self {
         self.from(StreamOffset::Offset(n))
     }
@@ -114,49 +123,99 @@ impl<T: Send + 'static, D: Decoder<T>> StreamReader<T, D> {
         self.from(StreamOffset::Interval(period))
     }
 
-    /// Starts at `offset`.
+    /// Starts at `offset` (when no committed offset says otherwise: see
+    /// [`StreamReader::offsets`]).
     pub fn from(mut self, offset: StreamOffset) -> Self {
         self.start = offset;
         self
     }
 
     /// Entries in flight from the broker (default [`DEFAULT_STREAM_PREFETCH`]; at least 1).
+    /// Options given to [`StreamReader::consume_with`] with a prefetch win over this.
     pub fn prefetch(mut self, prefetch: u16) -> Self {
         self.prefetch = prefetch;
         self
     }
 
-    /// A failing handler (or an entry that does not decode) is counted in
-    /// [`StreamConsumer::skipped`] and the reader goes on; by default it stops there.
+    /// A failing handler (after its in-place retries), or an entry that does not decode,
+    /// is counted in [`StreamConsumer::skipped`] and the reader goes on; by default it
+    /// stops there.
     pub fn skip_failures(mut self) -> Self {
         self.skip_failures = true;
         self
     }
 
-    /// Starts reading. Refused on `memory://` (no streams), with prefetch 0, or on a closed
+    /// Commits the offset of each finished entry to `store` under the reader's `name`, and
+    /// starts just after the committed one (exclusive: that entry is done) when there is
+    /// one, whatever [`StreamReader::from`] says; the start offset applies only to a reader
+    /// that never committed.
+    ///
+    /// ```no_run
+    /// # async fn demo(mq: acemq::Connection) -> Result<(), acemq::Error> {
+    /// use acemq::consume::Message;
+    /// use acemq::stream::MemoryOffsetStore;
+    /// let reader = mq
+    ///     .stream::<String>("audit")
+    ///     .from_first()
+    ///     .offsets(MemoryOffsetStore::new(), "indexer")
+    ///     .consume(|m: Message<String>| async move { let _ = m.stream_offset(); Ok(()) })
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn offsets(mut self, store: impl OffsetStore, name: impl Into<String>) -> Self {
+        self.offsets = Some((Arc::new(store), name.into()));
+        self
+    }
+
+    /// Starts reading with default options ([`StreamReader::consume_with`]).
+    pub async fn consume<H: Handler<T>>(self, handler: H) -> Result<StreamConsumer, Error> {
+        self.consume_with(ConsumerOptions::default(), handler).await
+    }
+
+    /// Starts reading with `options`: the same a plain consumer takes, read the stream's
+    /// way. Its [`retry`](ConsumerOptions::retry) policy retries a failing entry in place
+    /// (then the entry is skipped or the reader stops), its
+    /// [`idempotent`](ConsumerOptions::idempotent) store claims each entry's message id,
+    /// and an entry claimed elsewhere waits in place. `concurrency` must be 1 (a stream is
+    /// read in order). Refused on `memory://` (no streams), with prefetch 0, or on a closed
     /// connection.
-    pub async fn consume<F, Fut>(self, handler: F) -> Result<StreamConsumer, Error>
-    where
-        F: Fn(StreamEntry<T>) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
-    {
+    pub async fn consume_with<H: Handler<T>>(
+        self,
+        options: ConsumerOptions,
+        handler: H,
+    ) -> Result<StreamConsumer, Error> {
         if self.engine.lifecycle.is_closed() {
             return Err(Error::Closed);
         }
-        if self.prefetch == 0 {
+        options.check_in_place("a stream reader")?;
+        let prefetch = options.prefetch_or(self.prefetch);
+        if prefetch == 0 {
             return Err(Error::InvalidArgument(
                 "a stream reader's prefetch must be at least 1 (the broker closes the channel without one)".into(),
             ));
         }
+        let committed = match &self.offsets {
+            Some((store, name)) => store.load(&self.stream, name).await.map_err(|e| {
+                Error::InvalidArgument(format!(
+                    "the offset store of stream reader {name:?} could not be read, so where to start is unknown: {e}"
+                ))
+            })?,
+            None => None,
+        };
+        let start = match committed {
+            Some(done) => StreamOffset::Offset(done.saturating_add(1)),
+            None => self.start,
+        };
         let spec = ConsumeSpec {
             queue: self.stream.clone(),
-            prefetch: self.prefetch,
+            prefetch,
             consumer_tag: format!("acemq-stream.{}.{}", self.stream, uuid::Uuid::new_v4()),
             exclusive: false,
-            arguments: offset_argument(self.start),
+            arguments: offset_argument(start),
         };
         let subscription = self.engine.transport.consume(spec.clone()).await?;
         let shared = Arc::new(Shared::default());
+        let stats = Arc::new(options.stats());
         let stop = CancellationToken::new();
         let (done_tx, done) = watch::channel(false);
         let control = Arc::new(ConsumerControl::new(
@@ -164,24 +223,46 @@ impl<T: Send + 'static, D: Decoder<T>> StreamReader<T, D> {
             stop.clone(),
             stop.clone(),
             done.clone(),
-            shared.clone(),
+            stats.clone(),
         ));
         control.subscribed(Some(subscription.probe()));
         self.engine.lifecycle.register(control.clone());
-        let run = Run {
-            engine: self.engine.clone(),
-            spec,
-            floor: match self.start {
-                StreamOffset::Offset(n) => n,
-                _ => 0,
+        let last = if self.skip_failures {
+            Final::Skip
+        } else {
+            Final::Stop
+        };
+        // One count of the reader's entries in flight, shared with its settler's waits.
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        let ctx = Arc::new(Ctx {
+            settler: Settler::new(
+                self.engine.clone(),
+                Arc::from(self.stream.as_str()),
+                stats.clone(),
+                stop.clone(),
+                in_flight.clone(),
+            ),
+            decoder: Arc::new(self.decoder),
+            handler: Arc::new(handler),
+            rule: StreamRule {
+                in_place: options.in_place(last, false),
+                stream: self.stream.clone(),
+                floor: AtomicU64::new(match start {
+                    StreamOffset::Offset(n) => n,
+                    _ => 0,
+                }),
+                shared: shared.clone(),
             },
-            decoder: self.decoder,
-            handler,
-            skip_failures: self.skip_failures,
-            shared: shared.clone(),
+            idempotency: options.idempotency_store(),
+            in_flight,
+        });
+        let run = Run {
+            ctx,
+            spec,
             control,
             stop: stop.clone(),
-            _payload: PhantomData,
+            offsets: self.offsets,
+            committed,
         };
         tokio::spawn(async move {
             run.run(subscription).await;
@@ -190,6 +271,7 @@ impl<T: Send + 'static, D: Decoder<T>> StreamReader<T, D> {
         Ok(StreamConsumer {
             stream: self.stream,
             shared,
+            stats,
             stop,
             done,
         })
@@ -205,6 +287,7 @@ fn offset_argument(offset: StreamOffset) -> Headers {
 pub struct StreamConsumer {
     stream: String,
     shared: Arc<Shared>,
+    stats: Arc<Stats>,
     stop: CancellationToken,
     done: watch::Receiver<bool>,
 }
@@ -230,6 +313,11 @@ impl StreamConsumer {
         self.shared.skipped.load(Ordering::Relaxed)
     }
 
+    /// The consumer's outcome counts, as a plain consumer's ([`ConsumerStats`]).
+    pub fn stats(&self) -> ConsumerStats {
+        self.stats.snapshot()
+    }
+
     /// Subscriptions made again after the broker ended one (a lost connection).
     pub fn resubscriptions(&self) -> u64 {
         self.shared.resubscribed.load(Ordering::Relaxed)
@@ -245,15 +333,16 @@ impl StreamConsumer {
         self.shared.lock().failure.clone()
     }
 
-    /// Waits until it has stopped (on a failure, [`StreamConsumer::stop`] or the
+    /// Waits until it has stopped (on a failure, [`StreamConsumer::close`] or the
     /// connection's close).
     pub async fn stopped(&self) {
         let mut done = self.done.clone();
         let _ = done.wait_for(|d| *d).await;
     }
 
-    /// Stops reading (the entry being handled finishes first) and waits for it.
-    pub async fn stop(&self) {
+    /// Stops reading (the entry being handled finishes first, and the last finished
+    /// offset is committed) and waits for it.
+    pub async fn close(&self) {
         self.stop.cancel();
         self.stopped().await;
     }
@@ -262,7 +351,6 @@ impl StreamConsumer {
 #[derive(Debug, Default)]
 struct Shared {
     state: Mutex<State>,
-    active: AtomicBool,
     handled: AtomicU64,
     skipped: AtomicU64,
     resubscribed: AtomicU64,
@@ -273,71 +361,129 @@ struct State {
     position: StreamPosition,
     last_handled: Option<u64>,
     failure: Option<String>,
-    last_delivery: Option<SystemTime>,
-    last_settlement: Option<SystemTime>,
+    /// The offset of the entry going through the delivery path now.
+    current: Option<u64>,
 }
 
 impl Shared {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        lock(&self.state)
     }
 }
 
-impl ReportsProgress for Shared {
-    fn progress(&self) -> ConsumerProgress {
-        let st = self.lock();
-        let in_hand = usize::from(self.active.load(Ordering::Relaxed));
-        ConsumerProgress {
-            last_delivery: st.last_delivery,
-            last_settlement: st.last_settlement,
-            in_hand,
-            running: in_hand,
-            held: 0,
-            moves_failing: 0,
-            set_aside_failed: 0,
-            stalled: None,
-            stall_after: crate::consume::DEFAULT_STALL_AFTER,
-            store: None,
+/// The stream reader's rule: entries below the reader's floor are acked unseen, the
+/// in-place rule decides, and each finished entry moves the position on.
+pub(crate) struct StreamRule {
+    in_place: InPlace,
+    stream: String,
+    /// Entries below this offset are already handled (or before the asked start).
+    floor: AtomicU64,
+    shared: Arc<Shared>,
+}
+
+impl Rule for StreamRule {
+    fn begin(&self, d: &Delivery, _envelope: &Envelope) -> Begin {
+        let Some(offset) = offset_of(&d.properties.headers) else {
+            return Begin::Stop(format!(
+                "a delivery from {:?} carries no x-stream-offset header: is it a stream?",
+                self.stream
+            ));
+        };
+        if offset < self.floor.load(Ordering::SeqCst) {
+            // A chunk starts before the asked offset, or the entry was handled before a
+            // reconnect: not handed to the handler again.
+            return Begin::AckUnseen;
+        }
+        let mut st = self.shared.lock();
+        st.position.delivered(offset);
+        st.current = Some(offset);
+        Begin::Run
+    }
+
+    fn crash_loop(&self, facts: Facts) -> Option<Decision> {
+        self.in_place.crash_loop(facts)
+    }
+
+    fn decide(&self, outcome: &Outcome, facts: Facts) -> Decision {
+        self.in_place.decide(outcome, facts, &mut rand::rng())
+    }
+
+    fn decided(&self, decision: &Decision, _envelope: &Envelope) {
+        let mut st = self.shared.lock();
+        let Some(offset) = st.current.take() else {
+            return;
+        };
+        match decision {
+            Decision::Ack | Decision::Duplicate => {
+                if *decision == Decision::Ack {
+                    self.shared.handled.fetch_add(1, Ordering::Relaxed);
+                }
+                st.position.settled(offset);
+                st.last_handled = Some(st.last_handled.map_or(offset, |l| l.max(offset)));
+            }
+            Decision::Skip { .. } => {
+                self.shared.skipped.fetch_add(1, Ordering::Relaxed);
+                st.position.settled(offset);
+                st.last_handled = Some(st.last_handled.map_or(offset, |l| l.max(offset)));
+            }
+            Decision::Stop { reason } => {
+                tracing::error!(stream = %self.stream, offset, %reason, "stream reader stopped at a failing entry");
+                st.failure = Some(format!(
+                    "the stream reader of {:?} stopped at offset {offset}: {reason}",
+                    self.stream
+                ));
+            }
+            _ => {}
         }
     }
+
+    fn requeue_on_close(&self) -> bool {
+        // Requeueing means nothing on a stream.
+        false
+    }
 }
 
-struct Run<T, D, F> {
-    engine: Arc<Engine>,
+struct Run<T, H> {
+    ctx: Arc<Ctx<T, H, StreamRule>>,
     spec: ConsumeSpec,
-    /// Entries below this offset are already handled (or before the asked start).
-    floor: u64,
-    decoder: D,
-    handler: F,
-    skip_failures: bool,
-    shared: Arc<Shared>,
     control: Arc<ConsumerControl>,
     stop: CancellationToken,
-    _payload: PhantomData<fn() -> T>,
+    offsets: Option<(Arc<dyn OffsetStore>, String)>,
+    /// The offset last committed to the store.
+    committed: Option<u64>,
 }
 
-impl<T, D, F, Fut> Run<T, D, F>
-where
-    T: Send + 'static,
-    D: Decoder<T>,
-    F: Fn(StreamEntry<T>) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
-{
+impl<T: Send + 'static, H: Handler<T>> Run<T, H> {
     async fn run(mut self, mut sub: Box<dyn Subscription>) {
+        let mut since_commit = 0u64;
+        // A delivery taken while looking whether one was waiting.
+        let mut buffered = None;
         loop {
-            let next = tokio::select! {
-                biased;
-                _ = self.stop.cancelled() => break,
-                next = sub.next() => next,
+            let next = match buffered.take() {
+                Some(next) if !self.stop.is_cancelled() => next,
+                Some(_) => break,
+                None => tokio::select! {
+                    biased;
+                    _ = self.stop.cancelled() => break,
+                    next = sub.next() => next,
+                },
             };
             match next {
                 Some(Ok(d)) => {
-                    if let Err(reason) = self.entry(d).await {
-                        self.shared.lock().failure = Some(reason.clone());
-                        self.control.ended(Some(reason));
+                    let flow = handle(self.ctx.clone(), d, None, None).await;
+                    since_commit += 1;
+                    if let Flow::Stop(reason) = flow {
+                        if let Some(reason) = reason {
+                            let failure = self.ctx.rule.shared.lock().failure.clone();
+                            self.control.ended(Some(failure.unwrap_or(reason)));
+                        }
                         break;
+                    }
+                    buffered = sub.next().now_or_never();
+                    if since_commit >= COMMIT_EVERY || buffered.is_none() {
+                        // Nothing else waiting, or a batch done: commit.
+                        self.commit().await;
+                        since_commit = 0;
                     }
                 }
                 Some(Err(e)) => {
@@ -350,112 +496,60 @@ where
                 },
             }
         }
+        self.commit().await;
         let _ = sub.close().await;
+    }
+
+    /// Commits the newest finished offset, when there is a store and it moved on. A failed
+    /// commit is logged and made again with the next one (a restart meanwhile reads the
+    /// uncommitted entries again).
+    async fn commit(&mut self) {
+        let Some((store, name)) = &self.offsets else {
+            return;
+        };
+        let done = self.ctx.rule.shared.lock().position.newest_settled();
+        let Some(done) = done.filter(|d| self.committed.is_none_or(|c| *d > c)) else {
+            return;
+        };
+        match store.commit(&self.spec.queue, name, done).await {
+            Ok(()) => self.committed = Some(done),
+            Err(e) => {
+                tracing::warn!(stream = %self.spec.queue, reader = %name, offset = done, error = %e, "could not commit the stream offset; it is committed with the next one")
+            }
+        }
     }
 
     /// Subscribes again from the position (after the broker ended the subscription).
     async fn again(&mut self) -> Option<Box<dyn Subscription>> {
         let from = {
-            let mut st = self.shared.lock();
+            let mut st = self.ctx.rule.shared.lock();
             let from = st.position.resume_from();
             st.position.forget_unsettled();
             from
         };
         if let Some(from) = from {
             self.spec.arguments = offset_argument(StreamOffset::Offset(from));
-            self.floor = from;
+            self.ctx.rule.floor.store(from, Ordering::SeqCst);
         }
         tracing::info!(stream = %self.spec.queue, resume_from = ?from, "stream subscription ended; reading again from the reader's position");
         let stream = self.spec.queue.clone();
-        let sub = resubscribe(&self.engine.transport, &self.spec, &self.stop, |reason| {
-            tracing::debug!(%stream, %reason, "stream reader waiting to subscribe again");
-        })
+        let sub = resubscribe(
+            &self.ctx.settler.engine.transport,
+            &self.spec,
+            &self.stop,
+            |reason| {
+                tracing::debug!(%stream, %reason, "stream reader waiting to subscribe again");
+            },
+        )
         .await;
         if let Some(s) = &sub {
-            self.shared.resubscribed.fetch_add(1, Ordering::Relaxed);
+            self.ctx
+                .rule
+                .shared
+                .resubscribed
+                .fetch_add(1, Ordering::Relaxed);
             self.control.subscribed(Some(s.probe()));
         }
         sub
-    }
-
-    /// Handles one entry; `Err(reason)` stops the reader.
-    async fn entry(&self, d: Delivery) -> Result<(), String> {
-        let Some(offset) = offset_of(&d.properties.headers) else {
-            return Err(format!(
-                "a delivery from {:?} carries no x-stream-offset header: is it a stream?",
-                self.spec.queue
-            ));
-        };
-        if offset < self.floor {
-            // A chunk starts before the asked offset, or the entry was handled before a
-            // reconnect: not handed to the handler again.
-            let _ = d.acker.ack().await;
-            return Ok(());
-        }
-        {
-            let mut st = self.shared.lock();
-            st.position.delivered(offset);
-            st.last_delivery = Some(SystemTime::now());
-        }
-        self.shared.active.store(true, Ordering::Relaxed);
-        let outcome = self.handle(&d, offset).await;
-        self.shared.active.store(false, Ordering::Relaxed);
-        match outcome {
-            Ok(()) => {
-                self.shared.handled.fetch_add(1, Ordering::Relaxed);
-                self.settle(&d, offset, true).await;
-                Ok(())
-            }
-            Err(reason) if self.skip_failures => {
-                tracing::warn!(stream = %self.spec.queue, offset, %reason, "stream entry skipped");
-                self.shared.skipped.fetch_add(1, Ordering::Relaxed);
-                self.settle(&d, offset, false).await;
-                Ok(())
-            }
-            Err(reason) => {
-                tracing::error!(stream = %self.spec.queue, offset, %reason, "stream reader stopped at a failing entry");
-                Err(format!(
-                    "the stream reader of {:?} stopped at offset {offset}: {reason}",
-                    self.spec.queue
-                ))
-            }
-        }
-    }
-
-    async fn handle(&self, d: &Delivery, offset: u64) -> Result<(), String> {
-        let content_type = d.properties.content_type.as_deref();
-        if !self.decoder.accepts(content_type) {
-            return Err(format!(
-                "content type {:?} is not one this reader's codec reads",
-                content_type.unwrap_or("")
-            ));
-        }
-        let payload = self
-            .decoder
-            .decode(content_type, &d.body)
-            .map_err(|e| e.to_string())?;
-        let entry = StreamEntry {
-            payload,
-            offset,
-            properties: d.properties.clone(),
-        };
-        match AssertUnwindSafe((self.handler)(entry)).catch_unwind().await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err("the handler panicked".into()),
-        }
-    }
-
-    /// Acks (a stream's ack only frees the prefetch window) and moves the position on.
-    async fn settle(&self, d: &Delivery, offset: u64, handled: bool) {
-        if let Err(e) = d.acker.ack().await {
-            tracing::debug!(offset, error = %e, "stream ack not sent (the channel is gone)");
-        }
-        let mut st = self.shared.lock();
-        st.position.settled(offset);
-        st.last_settlement = Some(SystemTime::now());
-        if handled || st.last_handled.is_some_and(|l| l < offset) {
-            st.last_handled = Some(offset);
-        }
     }
 }

@@ -12,10 +12,11 @@ mod decl;
 mod define;
 mod names;
 
+pub use crate::retry::render_delay;
 pub use decl::{BindingDecl, ExchangeDecl, ExchangeKind, QueueDecl, QueueType};
 pub use define::{Topology, TopologyBuilder, TopologyError};
 pub use names::{
     DEAD_LETTER_EXCHANGE, RETRY_EXCHANGE, dead_letter_queue, dead_letter_queue_decl, parked_queue,
-    parked_queue_decl, render_delay, retry_queue, rung_arguments, rung_decl,
-    source_dead_letter_arguments,
+    parked_queue_decl, retry_queue, rung_arguments, rung_decl, source_dead_letter_arguments,
 };
+pub(crate) use names::{NameTooLong, SHORT_STRING_MAX, check_short};

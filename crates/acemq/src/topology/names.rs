@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use crate::headers::{HeaderValue, Headers};
+use crate::retry::render_delay;
 use crate::topology::QueueDecl;
 
 /// The direct, durable exchange that dead-letters a source queue into `{q}.dlq` and that
@@ -23,6 +24,28 @@ pub const DEAD_LETTER_EXCHANGE: &str = "acemq.dlx";
 /// assert_eq!(acemq::topology::RETRY_EXCHANGE, "acemq.retry");
 /// ```
 pub const RETRY_EXCHANGE: &str = "acemq.retry";
+
+/// AMQP's short-string limit, in bytes: exchange and queue names, routing keys, consumer
+/// tags and header keys are at most this long. The one definition both the topology
+/// builder and the transports check against.
+pub(crate) const SHORT_STRING_MAX: usize = 255;
+
+/// A name longer than [`SHORT_STRING_MAX`] bytes ([`check_short`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct NameTooLong {
+    /// The name refused.
+    pub(crate) name: String,
+}
+
+/// Checks a name against AMQP's short-string limit ([`SHORT_STRING_MAX`] bytes).
+pub(crate) fn check_short(name: &str) -> Result<(), NameTooLong> {
+    if name.len() > SHORT_STRING_MAX {
+        return Err(NameTooLong {
+            name: name.to_owned(),
+        });
+    }
+    Ok(())
+}
 
 /// `x-message-ttl`
 const MESSAGE_TTL: &str = "x-message-ttl";
@@ -62,41 +85,6 @@ pub fn parked_queue(queue: &str) -> String {
 /// ```
 pub fn retry_queue(queue: &str, delay: Duration) -> String {
     format!("{queue}.retry.{}", render_delay(delay))
-}
-
-/// How a delay appears in a rung name. The delay is taken in whole milliseconds and the
-/// first rule that fits applies: a whole number of hours (at least one) gives `{n}h`; else
-/// a whole number of minutes gives `{n}m`; else a whole number of seconds gives `{n}s`;
-/// else `{n}ms`. So 90 s is `90s` (not `1m30s`), 90 minutes is `90m`, 2 hours is `2h`.
-///
-/// Sub-second delays: this follows the Java library, the family's reference, and writes
-/// `500ms`. The Go, Python and Ruby libraries truncate to whole seconds and write `0s`;
-/// the two names are different queues. The case only arises when a policy lowers its
-/// broker-wait threshold below one second, which is recorded as a known disagreement in
-/// the contract fixtures (`naming.subSecondDisagreement`) and in `docs/wire.md` §11.
-///
-/// ```
-/// use std::time::Duration;
-/// use acemq::topology::render_delay;
-/// assert_eq!(render_delay(Duration::from_millis(500)), "500ms");
-/// assert_eq!(render_delay(Duration::from_secs(90)), "90s");
-/// assert_eq!(render_delay(Duration::from_secs(5400)), "90m");
-/// assert_eq!(render_delay(Duration::from_secs(7200)), "2h");
-/// ```
-pub fn render_delay(delay: Duration) -> String {
-    const SECOND: u128 = 1_000;
-    const MINUTE: u128 = 60 * SECOND;
-    const HOUR: u128 = 60 * MINUTE;
-    let ms = delay.as_millis();
-    if ms >= HOUR && ms.is_multiple_of(HOUR) {
-        format!("{}h", ms / HOUR)
-    } else if ms >= MINUTE && ms.is_multiple_of(MINUTE) {
-        format!("{}m", ms / MINUTE)
-    } else if ms >= SECOND && ms.is_multiple_of(SECOND) {
-        format!("{}s", ms / SECOND)
-    } else {
-        format!("{ms}ms")
-    }
 }
 
 /// The exact arguments of the rung queue for `queue` and `delay`: `x-message-ttl` = the
@@ -192,32 +180,6 @@ pub fn parked_queue_decl(queue: &str) -> QueueDecl {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn render_delay_takes_the_first_rule_that_fits() {
-        let cases = [
-            (0, "0ms"),
-            (1, "1ms"),
-            (500, "500ms"),
-            (1_000, "1s"),
-            (1_500, "1500ms"),
-            (30_000, "30s"),
-            (59_000, "59s"),
-            (60_000, "1m"),
-            (90_000, "90s"),
-            (160_000, "160s"),
-            (300_000, "5m"),
-            (3_600_000, "1h"),
-            (5_400_000, "90m"),
-            (7_200_000, "2h"),
-            (86_400_000, "24h"),
-        ];
-        for (ms, want) in cases {
-            assert_eq!(render_delay(Duration::from_millis(ms)), want, "{ms} ms");
-        }
-        // Sub-millisecond parts are dropped, like the milliseconds the rung TTL carries.
-        assert_eq!(render_delay(Duration::from_micros(1_000_999)), "1s");
-    }
 
     #[test]
     fn rung_ttl_does_not_overflow() {

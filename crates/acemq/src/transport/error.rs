@@ -1,5 +1,6 @@
-//! [`TransportError`]: what went wrong between the engine and a broker, with the
-//! [`ErrorKind`](crate::error::ErrorKind) a caller decides on.
+//! [`TransportError`]: what went wrong between the engine and a broker, and [`ErrorKind`],
+//! what a caller can do about it (re-exported as `acemq::error::ErrorKind`, where the
+//! library's own [`Error`](crate::error::Error) sorts itself into the same kinds).
 //!
 //! A failure that came from below (a socket, lapin) keeps that error as its
 //! [`source()`](std::error::Error::source), not only its text, so a caller can walk the chain
@@ -7,7 +8,76 @@
 
 use std::sync::Arc;
 
-use crate::error::ErrorKind;
+use crate::topology::{NameTooLong, SHORT_STRING_MAX};
+
+/// What a caller can do about an error: [`Error::kind`] and [`TransportError::kind`].
+///
+/// | kind | means | what to do | variants |
+/// |---|---|---|---|
+/// | [`InDoubt`](ErrorKind::InDoubt) | the publish was written; the broker may or may not have it | publish again with the **same message id** (consumers deduplicate) or reconcile; never assume it is lost, never assume it arrived | [`TransportError::ConfirmTimeout`], [`TransportError::ConfirmLost`] |
+/// | [`Transient`](ErrorKind::Transient) | nothing was done (or it will be redone by the broker); retrying later can succeed | retry with backoff; HTTP 503 | [`Error::Blocked`] (and [`TransportError::Blocked`]), [`Error::PublishingPaused`], [`Error::Nacked`], [`TransportError::Closed`], [`TransportError::Io`], [`TransportError::AckNotSent`] (the broker redelivers), [`TransportError::Protocol`] 506 and 541 |
+/// | [`Refused`](ErrorKind::Refused) | the broker said no to what was asked | do not retry as is: fix the topology, binding or permissions | [`Error::Unroutable`], [`TransportError::NotFound`], [`TransportError::PreconditionFailed`], [`TransportError::AccessRefused`], [`TransportError::ResourceLocked`], [`TransportError::Tls`] (a TLS handshake the certificates or `TlsOptions` must fix; never retried by connecting), every other [`TransportError::Protocol`] code |
+/// | [`Invalid`](ErrorKind::Invalid) | the caller's input cannot be used | fix the call; HTTP 400 | [`Error::ReservedHeader`], [`Error::Encode`], [`Error::Decode`], [`Error::Retry`], [`Error::Topology`], [`Error::InvalidArgument`], [`Error::Config`], [`TransportError::Config`], [`TransportError::InvalidName`], [`TransportError::Unsupported`] |
+/// | [`Closed`](ErrorKind::Closed) | the AceMQ connection (or the consumer) was closed by its owner | stop; reconnect only if that was not meant | [`Error::Closed`], [`Error::Cancelled`] |
+///
+/// Two variants take the kind of what they carry: [`Error::Batch`] that of its first
+/// failure, [`Error::ConsumerTopology`] that of the broker's answer.
+///
+/// A nack ([`Error::Nacked`]) is *transient*: RabbitMQ nacks a publish it would not take
+/// responsibility for (a full queue with `x-overflow=reject-publish`, an internal error), and
+/// publishing it again later can succeed.
+///
+/// ```
+/// use acemq::Error;
+/// use acemq::error::ErrorKind;
+/// use acemq::transport::TransportError;
+///
+/// fn status(e: &Error) -> u16 {
+///     match e.kind() {
+///         ErrorKind::Invalid => 400,
+///         ErrorKind::Refused => 422,
+///         ErrorKind::InDoubt => 202, // accepted, outcome unknown: reconcile by message id
+///         _ => 503,
+///     }
+/// }
+/// assert_eq!(status(&Error::Config("bad URL".into())), 400);
+/// assert_eq!(status(&TransportError::ConfirmTimeout { millis: 30_000 }.into()), 202);
+/// ```
+///
+/// [`Error::kind`]: crate::error::Error::kind
+/// [`Error::Blocked`]: crate::error::Error::Blocked
+/// [`Error::PublishingPaused`]: crate::error::Error::PublishingPaused
+/// [`Error::Nacked`]: crate::error::Error::Nacked
+/// [`Error::Unroutable`]: crate::error::Error::Unroutable
+/// [`Error::ReservedHeader`]: crate::error::Error::ReservedHeader
+/// [`Error::Encode`]: crate::error::Error::Encode
+/// [`Error::Decode`]: crate::error::Error::Decode
+/// [`Error::Retry`]: crate::error::Error::Retry
+/// [`Error::Topology`]: crate::error::Error::Topology
+/// [`Error::InvalidArgument`]: crate::error::Error::InvalidArgument
+/// [`Error::Config`]: crate::error::Error::Config
+/// [`Error::Closed`]: crate::error::Error::Closed
+/// [`Error::Cancelled`]: crate::error::Error::Cancelled
+/// [`Error::Batch`]: crate::error::Error::Batch
+/// [`Error::ConsumerTopology`]: crate::error::Error::ConsumerTopology
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// The broker may or may not have it: a confirm timeout, or the connection lost after
+    /// the publish was written.
+    InDoubt,
+    /// Retrying later can succeed: the connection is down or blocked, a channel closed,
+    /// publishing paused, a nack.
+    Transient,
+    /// The broker said no: unroutable, access refused, precondition failed, not found.
+    Refused,
+    /// The caller's input: a bad name, an encode failure, an invalid argument or
+    /// configuration, a reserved header.
+    Invalid,
+    /// The AceMQ connection was closed by its owner (or the operation was cancelled by a
+    /// close).
+    Closed,
+}
 
 /// The underlying error a [`TransportError`] keeps as its source.
 pub type Source = Arc<dyn std::error::Error + Send + Sync + 'static>;
@@ -49,8 +119,9 @@ pub enum TransportError {
     },
     /// The publishing connection is blocked by a resource alarm; nothing was sent.
     ///
-    /// Above the transport this surfaces as [`Error::Blocked`](crate::Error::Blocked) (the
-    /// conversion into [`crate::Error`] maps it), so a caller matches one variant.
+    /// Above the transport this surfaces as [`Error::Blocked`](crate::error::Error::Blocked)
+    /// (the conversion into [`Error`](crate::error::Error) maps it), so a caller matches one
+    /// variant.
     Blocked {
         /// The broker's reason ("low on memory").
         reason: String,
@@ -344,15 +415,18 @@ fn protocol_kind(code: u16) -> ErrorKind {
     }
 }
 
-/// Checks a name against AMQP's short-string limit (255 bytes).
-pub(crate) fn check_short(name: &str) -> Result<(), TransportError> {
-    if name.len() > 255 {
-        return Err(TransportError::InvalidName {
-            name: name.chars().take(64).collect::<String>() + "...",
-            reason: format!("{} bytes; AMQP names are at most 255 bytes", name.len()),
-        });
+/// A name over AMQP's short-string limit is an [`TransportError::InvalidName`] that shows
+/// its first 64 characters and says how long it is.
+impl From<NameTooLong> for TransportError {
+    fn from(e: NameTooLong) -> Self {
+        TransportError::InvalidName {
+            name: e.name.chars().take(64).collect::<String>() + "...",
+            reason: format!(
+                "{} bytes; AMQP names are at most {SHORT_STRING_MAX} bytes",
+                e.name.len()
+            ),
+        }
     }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -2,8 +2,13 @@
 //!
 //! This module owns the broker-facing vocabulary: what a publish is ([`Outbound`]), what a
 //! confirm says ([`Confirmation`]), what a delivery is ([`Delivery`]) and how it is settled
-//! ([`Acker`], [`Settlement`]), the [`Transport`] trait the engine calls, and [`connect`],
-//! which picks the transport for a URL. There are two implementations: `amqp` (RabbitMQ
+//! ([`Acker`], [`Settlement`]), what went wrong ([`TransportError`], sorted into an
+//! [`ErrorKind`]), and the [`Transport`] trait the engine calls. [`connect`] (the router,
+//! in `connect.rs`) picks the transport for a URL.
+//!
+//! It is the ground floor: from the rest of the crate it uses only `headers` (header
+//! tables), `topology` (declarations and the name-length rule) and `observe` (metric and
+//! transport names), none of which uses it. There are two implementations: `amqp` (RabbitMQ
 //! through lapin, behind the default `amqp` feature) and [`memory`] (a broker inside the
 //! process that is not kinder than RabbitMQ). Everything above this module is written
 //! against the trait only, so a behaviour proven on one is the behaviour of the other. With
@@ -23,6 +28,7 @@
 pub mod amqp;
 #[cfg(feature = "testing")]
 pub mod conformance;
+mod connect;
 mod error;
 mod frame;
 pub mod memory;
@@ -35,8 +41,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 use tokio::sync::{broadcast, watch};
 
-pub(crate) use self::error::check_short;
-pub use self::error::{Source, TlsFailure, TransportError};
+pub use self::connect::{TransportOptions, connect, connect_with};
+pub use self::error::{ErrorKind, Source, TlsFailure, TransportError};
 pub use self::frame::{DEFAULT_FRAME_MAX, HEADER_MARGIN, header_frame_size};
 use crate::headers::Headers;
 use crate::topology::{BindingDecl, ExchangeDecl, QueueDecl};
@@ -392,10 +398,6 @@ pub struct TransportStatus {
 }
 
 /// A broker connection: everything the engine needs from RabbitMQ or `memory://`.
-///
-/// Publishing and consuming use separate connections in the AMQP transport (a blocked
-/// connection stalls every write on it, acks included), so a resource alarm refuses
-/// publishes without stopping consumers from draining.
 pub trait Transport: Send + Sync + 'static {
     /// `"amqp"` or `"memory"`.
     fn kind(&self) -> &'static str;
@@ -495,155 +497,4 @@ pub trait Transport: Send + Sync + 'static {
 
     /// Closes the connection(s). Unsettled deliveries go back to their queues.
     fn close(&self) -> BoxFuture<'_, Result<(), TransportError>>;
-}
-
-/// Opens the transport a URL names: `amqp://` and `amqps://` reach RabbitMQ (feature `amqp`,
-/// on by default), `memory://name` the in-process broker called `name` (every transport
-/// opened on one name shares its queues).
-///
-/// A URL with another scheme, `memory://` without a name, or `amqp://` in a build without
-/// the `amqp` feature is an [`Error::Config`](crate::Error::Config) (its text never shows
-/// the URL's credentials); a broker that cannot be reached is an
-/// [`Error::Transport`](crate::Error::Transport).
-///
-/// ```
-/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), acemq::Error> {
-/// let t = acemq::transport::connect("memory://doc-connect").await?;
-/// assert_eq!(t.kind(), "memory");
-/// t.close().await?;
-/// let e = acemq::transport::connect("http://user:secret@host/").await.err().unwrap();
-/// assert!(!e.to_string().contains("secret"), "{e}");
-/// # Ok(()) }
-/// ```
-pub async fn connect(url: &str) -> Result<Arc<dyn Transport>, crate::Error> {
-    connect_with(url, TransportOptions::default()).await
-}
-
-/// What [`connect_with`] sets up besides the URL: recovery for every transport, and the
-/// RabbitMQ settings (feature `amqp`).
-///
-/// ```
-/// use acemq::transport::TransportOptions;
-/// use acemq::transport::recovery::RecoveryPolicy;
-/// let o = TransportOptions::default().recovery(RecoveryPolicy::disabled());
-/// assert!(!o.recovery_policy().enabled());
-/// ```
-#[derive(Clone, Debug, Default)]
-#[non_exhaustive]
-pub struct TransportOptions {
-    recovery: recovery::RecoveryPolicy,
-    /// RabbitMQ's settings (name, heartbeat, addresses, credentials, TLS, timeouts); its
-    /// own recovery policy is replaced by [`TransportOptions::recovery`].
-    #[cfg(feature = "amqp")]
-    pub amqp: amqp::AmqpOptions,
-}
-
-impl TransportOptions {
-    /// How a lost connection is redialled (both transports).
-    pub fn recovery(mut self, policy: recovery::RecoveryPolicy) -> Self {
-        self.recovery = policy;
-        self
-    }
-
-    /// The recovery policy.
-    pub fn recovery_policy(&self) -> &recovery::RecoveryPolicy {
-        &self.recovery
-    }
-}
-
-/// [`connect`] with options.
-pub async fn connect_with(
-    url: &str,
-    options: TransportOptions,
-) -> Result<Arc<dyn Transport>, crate::Error> {
-    if let Some(name) = url.strip_prefix("memory://") {
-        if name.is_empty() {
-            return Err(crate::Error::Config(
-                "memory:// needs a broker name, e.g. memory://orders".into(),
-            ));
-        }
-        return Ok(Arc::new(
-            memory::MemoryTransport::connect(name).with_recovery(options.recovery),
-        ));
-    }
-    if url.starts_with("amqp://") || url.starts_with("amqps://") {
-        return connect_amqp(url, options).await;
-    }
-    Err(crate::Error::Config(format!(
-        "unsupported URL {:?}: use amqp://, amqps:// or memory://name",
-        recovery::redact(url)
-    )))
-}
-
-#[cfg(feature = "amqp")]
-async fn connect_amqp(
-    url: &str,
-    options: TransportOptions,
-) -> Result<Arc<dyn Transport>, crate::Error> {
-    let amqp = options.amqp.recovery(options.recovery);
-    Ok(Arc::new(
-        amqp::AmqpTransport::connect_with(url, amqp).await?,
-    ))
-}
-
-#[cfg(not(feature = "amqp"))]
-async fn connect_amqp(
-    url: &str,
-    _options: TransportOptions,
-) -> Result<Arc<dyn Transport>, crate::Error> {
-    Err(crate::Error::Config(format!(
-        "{:?} needs the RabbitMQ transport, which this build left out: enable acemq's `amqp` feature (on by default; it is off with default-features = false)",
-        recovery::redact(url)
-    )))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::transport::recovery::redact;
-
-    #[test]
-    fn credentials_are_redacted() {
-        assert_eq!(redact("amqp://u:p@h:5672/v"), "amqp://***@h:5672/v");
-        assert_eq!(redact("memory://x"), "memory://x");
-    }
-
-    #[tokio::test]
-    async fn schemes_pick_the_transport_or_say_what_is_accepted() {
-        let t = connect("memory://transport-connect").await.expect("memory");
-        assert_eq!(t.kind(), "memory");
-        let e = connect("memory://").await.err().expect("no name");
-        assert!(
-            matches!(e, crate::Error::Config(ref m) if m.contains("memory://orders")),
-            "{e}"
-        );
-        let e = connect("http://user:secret@host/")
-            .await
-            .err()
-            .expect("http");
-        let text = e.to_string();
-        assert!(
-            text.contains("amqp://, amqps:// or memory://name"),
-            "{text}"
-        );
-        assert!(
-            !text.contains("secret") && text.contains("***@host"),
-            "{text}"
-        );
-    }
-
-    #[cfg(not(feature = "amqp"))]
-    #[tokio::test]
-    async fn amqp_without_the_feature_names_the_feature() {
-        let e = connect("amqp://guest:pw@localhost/")
-            .await
-            .err()
-            .expect("config");
-        let text = e.to_string();
-        assert!(matches!(e, crate::Error::Config(_)), "{e:?}");
-        assert!(
-            text.contains("`amqp` feature") && !text.contains("pw"),
-            "{text}"
-        );
-    }
 }

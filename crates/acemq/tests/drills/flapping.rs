@@ -1,4 +1,4 @@
-//! The flapping-link drill (issue 19): one AceMQ connection reaches the broker through the
+//! The flapping-link drill: one AceMQ connection reaches the broker through the
 //! drill proxy, which drops every socket at once, again and again, at random moments — some
 //! while the connection is redialling or re-subscribing, some within 100 ms of a recovery —
 //! while the harness publishes and consumes.

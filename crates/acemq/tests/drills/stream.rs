@@ -1,4 +1,4 @@
-//! The stream resume drill (issue 15): a reader's consuming connection is closed by the
+//! The stream resume drill: a reader's consuming connection is closed by the
 //! broker 650 entries into 1,000; the reader subscribes again from its position (just after
 //! the newest settled entry, or at the oldest delivered-but-unsettled one) and the books
 //! must show no entry lost and at most the entry in the handler at the close repeated
@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use acemq::Connection;
-use acemq::stream::{StreamEntry, StreamRetention};
+use acemq::consume::Message;
+use acemq::stream::StreamRetention;
 use tokio::sync::Notify;
 
 use super::broker::close_our_connections_async;
@@ -45,14 +46,14 @@ pub async fn run(mq: &Connection, name: &str, node: Option<String>) -> String {
         .stream::<u64>(&s)
         .from_first()
         .prefetch(PREFETCH)
-        .consume(move |e: StreamEntry<u64>| {
+        .consume(move |e: Message<u64>| {
             let (books, gate) = (books.clone(), gate.clone());
             async move {
-                if e.payload == CLOSE_AT && books.total_runs() == CLOSE_AT {
+                if *e.payload() == CLOSE_AT && books.total_runs() == CLOSE_AT {
                     // Hold this entry (delivered, not settled) until the close is done.
                     gate.notified().await;
                 }
-                books.handled(e.payload);
+                books.handled(*e.payload());
                 Ok(())
             }
         })
@@ -92,7 +93,7 @@ pub async fn run(mq: &Connection, name: &str, node: Option<String>) -> String {
         t0.elapsed().as_millis()
     );
     println!("{line}");
-    reader.stop().await;
+    reader.close().await;
     mq.transport()
         .delete_queue(&s)
         .await

@@ -12,7 +12,6 @@ pub mod settle;
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use acemq::Connection;
@@ -20,46 +19,72 @@ use acemq::topology::{QueueDecl, retry_queue};
 use acemq::transport::memory::MemoryTransport;
 use acemq::transport::{Confirmation, ConsumeSpec, Delivery, Outbound, Properties, Transport};
 
-/// Which transport a conformance case runs on.
+/// Written once, in the conformance kit, for its cases and for these tests (not every test
+/// binary uses each).
+#[allow(unused_imports)]
+pub use acemq::transport::conformance::{
+    Target, eventually, publish_confirmed, unique, wait_for_count,
+};
+
+/// The broker an engine test runs on (see [`on_each_target`]); [`Broker::target`] is the
+/// conformance kit's [`Target`] for it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Target {
+pub enum Broker {
     /// `memory://{unique}`
     Memory(String),
     /// RabbitMQ at this URL.
     Amqp(String),
 }
 
-impl Target {
+impl Broker {
     /// The URL `acemq::Connection::connect` takes.
     pub fn url(&self) -> String {
         match self {
-            Target::Memory(name) => format!("memory://{name}"),
-            Target::Amqp(url) => url.clone(),
+            Broker::Memory(name) => format!("memory://{name}"),
+            Broker::Amqp(url) => url.clone(),
         }
     }
 
     /// `"memory"` or `"amqp"`.
     pub fn kind(&self) -> &'static str {
         match self {
-            Target::Memory(_) => "memory",
-            Target::Amqp(_) => "amqp",
+            Broker::Memory(_) => "memory",
+            Broker::Amqp(_) => "amqp",
         }
     }
 
-    /// Opens a raw transport to this target.
-    pub async fn transport(&self) -> Arc<dyn Transport> {
+    /// The conformance kit's [`Target`] for this broker: a `memory://` broker is opened as
+    /// [`MemoryTransport::connect`] opens it, RabbitMQ with `acemq::transport::connect`.
+    pub fn target(&self) -> Target {
         match self {
-            Target::Memory(name) => Arc::new(MemoryTransport::connect(name)),
-            Target::Amqp(url) => acemq::transport::connect(url)
-                .await
-                .unwrap_or_else(|e| panic!("cannot connect to RabbitMQ at {url}: {e}")),
+            Broker::Memory(name) => {
+                let name = name.clone();
+                Target::new(self.url(), move || {
+                    let name = name.clone();
+                    async move { Ok(Arc::new(MemoryTransport::connect(&name)) as Arc<dyn Transport>) }
+                })
+            }
+            Broker::Amqp(url) => Target::url(url.clone()),
         }
+    }
+
+    /// Opens a raw transport to this broker; panics when it cannot.
+    pub async fn transport(&self) -> Arc<dyn Transport> {
+        self.target().transport().await
     }
 }
 
 /// The RabbitMQ URL for broker tests, if any. Panics when CI requires a broker and none is
-/// configured.
+/// configured. A build without the `amqp` feature has no RabbitMQ transport: its cases run
+/// on `memory://` alone (what that build is for), whatever the environment says.
+///
+/// This module is shared with acemq-sql's tests, whose crate has no `amqp` feature of its
+/// own: there acemq comes with its default features, RabbitMQ included.
+#[allow(unexpected_cfgs)]
 pub fn amqp_url() -> Option<String> {
+    if env!("CARGO_PKG_NAME") == "acemq" && cfg!(not(feature = "amqp")) {
+        return None;
+    }
     match std::env::var("ACEMQ_TEST_AMQP_URL") {
         Ok(url) if !url.is_empty() => Some(url),
         _ => {
@@ -75,10 +100,10 @@ pub fn amqp_url() -> Option<String> {
 
 /// Every target a conformance case must pass on: a fresh `memory://` broker, and RabbitMQ
 /// when configured.
-pub fn targets() -> Vec<Target> {
-    let mut t = vec![Target::Memory(unique("mem"))];
+pub fn targets() -> Vec<Broker> {
+    let mut t = vec![Broker::Memory(unique("mem"))];
     if let Some(url) = amqp_url() {
-        t.push(Target::Amqp(url));
+        t.push(Broker::Amqp(url));
     } else {
         eprintln!("note: ACEMQ_TEST_AMQP_URL unset; this case ran on memory:// only");
     }
@@ -88,7 +113,7 @@ pub fn targets() -> Vec<Target> {
 /// Runs a conformance case on every target, reporting which one failed.
 pub async fn on_each_target<F, Fut>(case: F)
 where
-    F: Fn(Target) -> Fut,
+    F: Fn(Broker) -> Fut,
     Fut: Future<Output = ()>,
 {
     for target in targets() {
@@ -97,51 +122,15 @@ where
     }
 }
 
-/// A name no other test (or earlier run) uses: `acemq-test.{prefix}.{pid}.{n}.{nanos}`.
-pub fn unique(prefix: &str) -> String {
-    static N: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    format!(
-        "acemq-test.{prefix}.{}.{}.{nanos}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-/// Polls `check` until it returns `Some`, or panics with `what` after `timeout`.
-pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        if tokio::time::Instant::now() >= deadline {
-            panic!("timed out after {timeout:?} waiting for: {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+/// The name a test binary lists the test `function` of module `module` under, where
+/// `module` is that module's `module_path!()`: the path without the crate's own name. A
+/// test that re-runs itself as a child process passes it to `--exact`, so the child runs
+/// that one test whichever binary and module it is in.
+pub fn this_test(module: &str, function: &str) -> String {
+    match module.split_once("::") {
+        Some((_, path)) => format!("{path}::{function}"),
+        None => function.to_owned(),
     }
-}
-
-/// Waits until a queue holds at least `n` ready messages; returns the count.
-pub async fn wait_for_count(t: &dyn Transport, queue: &str, n: u32, timeout: Duration) -> u32 {
-    eventually(
-        timeout,
-        &format!("{queue} to hold {n} messages"),
-        || async {
-            match t.inspect_queue(queue).await {
-                Ok(info) if info.message_count >= n => Some(info.message_count),
-                _ => None,
-            }
-        },
-    )
-    .await
 }
 
 /// The family's fixture directory: `ACEMQ_FAMILY_FIXTURES`, else `../shared/fixtures`
@@ -226,7 +215,7 @@ pub async fn declare_classic(mq: &Connection, name: &str) {
 }
 
 /// Connects to `target` and declares a classic queue with a [`unique`] name.
-pub async fn connect_with_classic_queue(target: &Target, prefix: &str) -> (Connection, String) {
+pub async fn connect_with_classic_queue(target: &Broker, prefix: &str) -> (Connection, String) {
     let mq = Connection::connect(&target.url()).await.unwrap();
     let q = unique(prefix);
     declare_classic(&mq, &q).await;
@@ -259,15 +248,6 @@ pub async fn take_one(t: &dyn Transport, queue: &str, timeout: Duration) -> Deli
     .await;
     d.acker.ack().await.unwrap();
     d
-}
-
-/// Publishes `m` and waits for its confirmation; panics when either fails.
-pub async fn publish_confirmed(t: &dyn Transport, m: Outbound) -> Confirmation {
-    t.publish(m)
-        .await
-        .expect("publish handed over")
-        .await
-        .expect("publish confirmed")
 }
 
 /// Publishes `body` with `props` straight to `queue` through the default exchange, as a

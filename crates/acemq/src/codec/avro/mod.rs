@@ -77,6 +77,9 @@ impl<T: Serialize + ?Sized> Encoder<T> for Avro {
 }
 
 impl<T: DeserializeOwned> Decoder<T> for Avro {
+    fn expects(&self) -> &str {
+        "Avro with a fixed schema (avro/binary)"
+    }
     fn accepts(&self, content_type: Option<&str>) -> bool {
         given(content_type).is_none_or(|ct| Format::Avro.names(ct))
     }

@@ -283,6 +283,9 @@ impl<T: Serialize + ?Sized> Encoder<T> for RegisteredAvro {
 }
 
 impl<T: DeserializeOwned> Decoder<T> for RegisteredAvro {
+    fn expects(&self) -> &str {
+        "registered Avro (application/vnd.acemq.avro)"
+    }
     fn accepts(&self, content_type: Option<&str>) -> bool {
         given(content_type).is_none_or(|ct| Format::AvroRegistered.names(ct))
     }

@@ -2,7 +2,8 @@
 //! in a [`ClaimCheckStore`] and only its key travels, in the family's framing.
 //!
 //! This module owns the framing, the codec and the store trait; [`store`] holds the
-//! in-memory and filesystem stores. Bodies (java.md §1.18, §2.13):
+//! in-memory and filesystem stores. Bodies, byte for byte the Java member's
+//! (`docs/encryption.md`):
 //!
 //! ```text
 //! AC 01 00 {inner codec's bytes}   inline (below the threshold)
@@ -175,6 +176,9 @@ impl<T: ?Sized, C: Encoder<T>> Encoder<T> for ClaimCheck<C> {
 impl<T, C: Decoder<T>> Decoder<T> for ClaimCheck<C> {
     fn accepts(&self, content_type: Option<&str>) -> bool {
         self.inner.accepts(content_type)
+    }
+    fn expects(&self) -> &str {
+        self.inner.expects()
     }
     fn decode(&self, content_type: Option<&str>, body: &[u8]) -> Result<T, Error> {
         if let Some(inline) = body.strip_prefix(&INLINE) {

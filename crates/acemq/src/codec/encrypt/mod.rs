@@ -11,7 +11,7 @@
 //! and the associated data (authenticated, not encrypted) is the header before the nonce,
 //! `AE 01 {len} {key id}`: the key id is readable without a key but cannot be changed. A
 //! fresh random nonce is drawn for every message (`rand`'s thread-local CSPRNG). The
-//! content type is `application/vnd.acemq.encrypted`, as Java's (java.md §1.17, §2.13);
+//! content type is `application/vnd.acemq.encrypted`, the Java member's (`docs/encryption.md`);
 //! no header names the inner format: the reader's inner codec decodes the opened bytes as
 //! its own format.
 //!
@@ -171,6 +171,9 @@ impl<T: ?Sized, C: Encoder<T>> Encoder<T> for Encrypted<C> {
 }
 
 impl<T, C: Decoder<T>> Decoder<T> for Encrypted<C> {
+    fn expects(&self) -> &str {
+        "encrypted"
+    }
     fn accepts(&self, content_type: Option<&str>) -> bool {
         Encrypted::accepts(self, content_type)
     }

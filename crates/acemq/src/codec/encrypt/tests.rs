@@ -1,4 +1,4 @@
-//! The family's pinned vector (go-python.md §3.5: pinned by Python, matched by Go and Java)
+//! The family's pinned vector (pinned by the Python member, matched by Go and Java)
 //! and the framing's edges. The nonce is private API, so byte-exactness is checked here.
 
 use super::*;

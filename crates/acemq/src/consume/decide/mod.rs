@@ -37,8 +37,8 @@ use crate::transport::Delivery;
 /// the broker's frame size.
 pub const MAX_REASON_BYTES: usize = 4096;
 
-/// The default wait between attempts when a consumer has no retry policy (seed 000:
-/// "retried after a fixed delay, forever").
+/// The default wait between attempts when a consumer has no retry policy: a failing
+/// message is retried after this fixed delay, forever (`docs/wire.md` §6).
 pub const DEFAULT_RETRY_DELAY_WITHOUT_POLICY: Duration = Duration::from_secs(5);
 
 /// What happened to a delivery before settlement.
@@ -64,7 +64,7 @@ pub(crate) enum Outcome {
 
 /// Why a message goes to `{q}.dlq`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DeadLetterKind {
+pub(crate) enum DeadLetterKind {
     /// The policy gave up (attempts or age): outcome `dead_lettered`.
     Exhausted,
     /// The handler said it is unprocessable: outcome `rejected`.
@@ -74,14 +74,8 @@ pub enum DeadLetterKind {
 }
 
 /// The broker outcome chosen for one delivery.
-///
-/// ```
-/// use acemq::consume::Decision;
-/// assert_ne!(Decision::Ack, Decision::Release);
-/// ```
 #[derive(Clone, Debug, PartialEq)]
-#[non_exhaustive]
-pub enum Decision {
+pub(crate) enum Decision {
     /// basic.ack.
     Ack,
     /// Republish with the attempt advanced, after `wait`.
@@ -109,25 +103,44 @@ pub enum Decision {
     /// same queue with the attempt unchanged, like [`Decision::InProgress`] (no attempt
     /// spent, never dead-lettered); the wait is [`store_backoff`].
     StoreUnavailable(Duration),
+    /// Run the handler again in place after the wait, holding the delivery and its slot
+    /// (nothing behind it is handed over): an ordered partition's or a stream's retry.
+    /// `spend`: whether the next run is a new attempt (not after an in-progress claim or
+    /// a store outage).
+    Again {
+        /// The wait before the next run.
+        wait: Duration,
+        /// Whether the next run counts as another attempt.
+        spend: bool,
+    },
+    /// Halt: hold the delivery unacked until the consumer is told to resume (an ordered
+    /// partition), then run it again from attempt 1.
+    Hold {
+        /// Why (the last failure).
+        reason: String,
+    },
+    /// Ack it without handling it and go on (a stream reader that skips failures).
+    Skip {
+        /// Why it was not handled.
+        reason: String,
+    },
+    /// Stop the consumer at this delivery, leaving it unsettled (a stream reader).
+    Stop {
+        /// Why.
+        reason: String,
+    },
 }
 
 /// The first wait of a delivery put back because the idempotency store could not be asked.
-pub const STORE_RETRY_INITIAL: Duration = Duration::from_millis(250);
+pub(crate) const STORE_RETRY_INITIAL: Duration = Duration::from_millis(250);
 
 /// The longest wait of a delivery put back because the idempotency store could not be asked.
-pub const STORE_RETRY_MAX: Duration = Duration::from_secs(30);
+pub(crate) const STORE_RETRY_MAX: Duration = Duration::from_secs(30);
 
 /// The wait after the consumer's `failures`-th consecutive failed idempotency store call:
-/// [`STORE_RETRY_INITIAL`] doubling per failure, capped at [`STORE_RETRY_MAX`].
-///
-/// ```
-/// use acemq::consume::store_backoff;
-/// use std::time::Duration;
-/// assert_eq!(store_backoff(1), Duration::from_millis(250));
-/// assert_eq!(store_backoff(3), Duration::from_secs(1));
-/// assert_eq!(store_backoff(50), Duration::from_secs(30));
-/// ```
-pub fn store_backoff(failures: u32) -> Duration {
+/// [`STORE_RETRY_INITIAL`] doubling per failure, capped at [`STORE_RETRY_MAX`]
+/// (`the_store_backoff_doubles_to_thirty_seconds` in the tests pins it).
+pub(crate) fn store_backoff(failures: u32) -> Duration {
     let doublings = failures.saturating_sub(1).min(16);
     STORE_RETRY_INITIAL
         .saturating_mul(1u32 << doublings)
@@ -266,32 +279,8 @@ pub(crate) fn decide<R: Rng + ?Sized>(
 
 /// The policy's answer to an ordinary failure: retry after a wait, or dead-letter with the
 /// family's reason text. Without a policy: retry after `no_policy_delay`, forever. The
-/// attempt and age are the envelope's (its age read against the clock now).
-///
-/// ```
-/// use acemq::consume::{decide_failure, Decision, DeadLetterKind};
-/// use acemq::envelope::Envelope;
-/// use acemq::retry::RetryPolicy;
-/// let policy = RetryPolicy::none();
-/// let d = decide_failure("boom", &Envelope::new("t"), Some(&policy), std::time::Duration::from_secs(5));
-/// assert_eq!(d, Decision::DeadLetter { reason: "exhausted 1 attempts: boom".into(), kind: DeadLetterKind::Exhausted });
-/// ```
-pub fn decide_failure(
-    error: &str,
-    envelope: &Envelope,
-    policy: Option<&RetryPolicy>,
-    no_policy_delay: Duration,
-) -> Decision {
-    failure(
-        error,
-        Facts::of(envelope),
-        policy,
-        no_policy_delay,
-        &mut rand::rng(),
-    )
-}
-
-fn failure<R: Rng + ?Sized>(
+/// attempt and age are the envelope's.
+pub(crate) fn failure<R: Rng + ?Sized>(
     error: &str,
     Facts { attempt, age, .. }: Facts,
     policy: Option<&RetryPolicy>,
@@ -322,14 +311,7 @@ fn failure<R: Rng + ?Sized>(
 }
 
 /// Cuts a reason to [`MAX_REASON_BYTES`] on a character boundary, with a marker.
-///
-/// ```
-/// let long = "x".repeat(1_000_000);
-/// let cut = acemq::consume::bounded(long);
-/// assert!(cut.len() <= acemq::consume::MAX_REASON_BYTES);
-/// assert!(cut.ends_with("[truncated]"));
-/// ```
-pub fn bounded(reason: String) -> String {
+pub(crate) fn bounded(reason: String) -> String {
     const MARKER: &str = "... [truncated]";
     if reason.len() <= MAX_REASON_BYTES {
         return reason;
@@ -340,6 +322,9 @@ pub fn bounded(reason: String) -> String {
     }
     format!("{}{MARKER}", &reason[..end])
 }
+
+mod in_place;
+pub(crate) use in_place::{Final, InPlace};
 
 #[cfg(test)]
 mod tests;

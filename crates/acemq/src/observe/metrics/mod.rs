@@ -1,6 +1,6 @@
 //! The family's metrics, through the [`metrics`] facade.
 //!
-#![doc = include_str!("../../../../../docs/metrics.md")]
+#![doc = include_str!("../../../docs/metrics.md")]
 
 use std::sync::OnceLock;
 use std::time::Duration;

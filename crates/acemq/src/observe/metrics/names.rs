@@ -244,6 +244,49 @@ pub const ORDERED_HALTED: &str = "acemq.ordered.halted";
 /// was open (counter; Rust only). Tags: `queue`, `transport`.
 pub const CONSUMER_RESUBSCRIBED_TOTAL: &str = "acemq.consumer.resubscribed.total";
 
+/// Connection recovery events (counter; Rust only). Tags: `event` (`lost`, `retrying`,
+/// `recovered`, `gave_up`, `blocked`, `unblocked`), `transport`. Recorded by the transports
+/// (`transport::recovery`), which re-export it there.
+pub const RECOVERY_TOTAL: &str = "acemq.connection.recovery.total";
+
+/// Messages handed to a scheduler (counter; Rust only). Tags: `transport`.
+pub const SCHEDULE_SCHEDULED_TOTAL: &str = "acemq.schedule.scheduled.total";
+/// Scheduled messages published to their destination (counter; Rust only). Tags: `transport`.
+pub const SCHEDULE_DELIVERED_TOTAL: &str = "acemq.schedule.delivered.total";
+/// Scheduled messages put on a rung (counter; Rust only). Tags: `transport`.
+pub const SCHEDULE_HOPS_TOTAL: &str = "acemq.schedule.hops.total";
+/// Due messages not delivered because they were cancelled (counter; Rust only). Tags:
+/// `transport`.
+pub const SCHEDULE_CANCELLED_TOTAL: &str = "acemq.schedule.cancelled.total";
+/// How late a scheduled message was delivered after its due time (timer, seconds; Rust
+/// only). Tags: `transport`.
+pub const SCHEDULE_LATENESS: &str = "acemq.schedule.lateness";
+/// Ready messages in `acemq.schedule.due` at the last check (gauge; Rust only). Tags:
+/// `transport`.
+pub const SCHEDULE_BACKLOG: &str = "acemq.schedule.backlog";
+
+/// Pipeline runs that ended at a step (counter; Java's name, not in the contract table).
+/// Tags: `pipeline`, `step`, `outcome` = `completed` | `ended_early`.
+pub const PIPELINE_RUN_TOTAL: &str = "acemq.pipeline.run.total";
+/// A pipeline run's age when it ended (timer, seconds: now minus the envelope's
+/// first-seen; Java's name). Tags: `pipeline`, `step`, `outcome`.
+pub const PIPELINE_RUN_DURATION: &str = "acemq.pipeline.run.duration";
+
+/// Members of a consumer group now (gauge; Rust only). Tags: `queue`.
+pub const CONSUMER_GROUP_MEMBERS: &str = "acemq.consumer.group.members";
+
+/// Sagas run to their end, by outcome (counter; Rust only). Tags: `saga`, `outcome` =
+/// `completed` | `compensated` | `unresolved` ([`crate::saga`]).
+pub const SAGA_TOTAL: &str = "acemq.saga.total";
+/// Sagas that started compensating after a failed or abandoned step (counter; Rust only).
+/// Tags: `saga`.
+pub const SAGA_COMPENSATING_TOTAL: &str = "acemq.saga.compensating.total";
+/// Saga steps left unresolved: their compensation failed every attempt or ran out of time,
+/// and a person has to act (counter; Rust only). Tags: `saga`.
+pub const SAGA_UNRESOLVED_TOTAL: &str = "acemq.saga.unresolved.total";
+/// Tag: the saga's name ([`crate::saga::Saga::name`]).
+pub const TAG_SAGA: &str = "saga";
+
 /// Metrics of this library only (not in the wire contract), described like the others.
 pub const RUST_ONLY_METRICS: &[MetricSpec] = &[
     spec(
@@ -253,7 +296,7 @@ pub const RUST_ONLY_METRICS: &[MetricSpec] = &[
         "AceMQ consumers subscribed again after the broker listed none",
     ),
     spec(
-        crate::transport::recovery::RECOVERY_TOTAL,
+        RECOVERY_TOTAL,
         Instrument::Counter,
         &["event", TAG_TRANSPORT],
         "AceMQ connection recovery events",
@@ -269,6 +312,78 @@ pub const RUST_ONLY_METRICS: &[MetricSpec] = &[
         Instrument::Gauge,
         &[TAG_QUEUE, TAG_TRANSPORT],
         "AceMQ ordered-queue partitions halted now",
+    ),
+    spec(
+        CONSUMER_GROUP_MEMBERS,
+        Instrument::Gauge,
+        &[TAG_QUEUE],
+        "AceMQ consumer group members",
+    ),
+    spec(
+        PIPELINE_RUN_TOTAL,
+        Instrument::Counter,
+        &["pipeline", "step", TAG_OUTCOME],
+        "AceMQ pipeline runs ended, by outcome",
+    ),
+    spec(
+        PIPELINE_RUN_DURATION,
+        Instrument::Timer,
+        &["pipeline", "step", TAG_OUTCOME],
+        "AceMQ pipeline run age when it ended",
+    ),
+    spec(
+        SCHEDULE_SCHEDULED_TOTAL,
+        Instrument::Counter,
+        &[TAG_TRANSPORT],
+        "AceMQ messages handed to a scheduler",
+    ),
+    spec(
+        SCHEDULE_DELIVERED_TOTAL,
+        Instrument::Counter,
+        &[TAG_TRANSPORT],
+        "AceMQ scheduled messages delivered",
+    ),
+    spec(
+        SCHEDULE_HOPS_TOTAL,
+        Instrument::Counter,
+        &[TAG_TRANSPORT],
+        "AceMQ scheduled messages put on a rung",
+    ),
+    spec(
+        SCHEDULE_CANCELLED_TOTAL,
+        Instrument::Counter,
+        &[TAG_TRANSPORT],
+        "AceMQ due messages not delivered because cancelled",
+    ),
+    spec(
+        SCHEDULE_LATENESS,
+        Instrument::Timer,
+        &[TAG_TRANSPORT],
+        "AceMQ scheduled delivery time after the due time",
+    ),
+    spec(
+        SCHEDULE_BACKLOG,
+        Instrument::Gauge,
+        &[TAG_TRANSPORT],
+        "AceMQ ready messages in the scheduler's control queue",
+    ),
+    spec(
+        SAGA_TOTAL,
+        Instrument::Counter,
+        &[TAG_SAGA, TAG_OUTCOME],
+        "AceMQ sagas by outcome",
+    ),
+    spec(
+        SAGA_COMPENSATING_TOTAL,
+        Instrument::Counter,
+        &[TAG_SAGA],
+        "AceMQ sagas that started compensating",
+    ),
+    spec(
+        SAGA_UNRESOLVED_TOTAL,
+        Instrument::Counter,
+        &[TAG_SAGA],
+        "AceMQ saga steps whose compensation did not succeed",
     ),
 ];
 

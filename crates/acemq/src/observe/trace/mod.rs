@@ -1,7 +1,7 @@
 //! W3C trace context in message headers, and the family's spans; the OpenTelemetry
 //! propagator with the `opentelemetry` feature.
 //!
-#![doc = include_str!("../../../../../docs/trace.md")]
+#![doc = include_str!("../../../docs/trace.md")]
 
 use std::fmt;
 use std::future::Future;

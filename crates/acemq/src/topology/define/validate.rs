@@ -134,8 +134,8 @@ pub(super) fn check_name(what: &'static str, name: &str) -> Result<(), TopologyE
             name: name.to_owned(),
         });
     }
-    // The transport's check, so the 255-byte limit has one definition.
-    if crate::transport::check_short(name).is_err() {
+    // The transports apply the same check, so the 255-byte limit has one definition.
+    if crate::topology::check_short(name).is_err() {
         return Err(TopologyError::NameTooLong {
             what,
             name: name.to_owned(),

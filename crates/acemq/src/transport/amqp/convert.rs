@@ -39,7 +39,7 @@ pub(crate) fn short(what: &str, value: String) -> Result<ShortString, TransportE
 
 /// A name (queue, exchange, routing key, consumer tag) as a shortstr.
 pub(crate) fn name(value: &str) -> Result<ShortString, TransportError> {
-    crate::transport::check_short(value)?;
+    crate::topology::check_short(value)?;
     short(value, value.to_owned())
 }
 
@@ -56,7 +56,7 @@ pub(crate) fn to_table(headers: &Headers) -> Result<FieldTable, TransportError> 
 pub(crate) fn into_table(headers: Headers) -> Result<FieldTable, TransportError> {
     let mut table = FieldTable::default();
     for (key, value) in headers {
-        crate::transport::check_short(&key)?;
+        crate::topology::check_short(&key)?;
         let key = short("header key", key)?;
         table.insert(key, into_value(value)?);
     }
@@ -64,7 +64,7 @@ pub(crate) fn into_table(headers: Headers) -> Result<FieldTable, TransportError>
 }
 
 fn header_key(key: &str) -> Result<ShortString, TransportError> {
-    crate::transport::check_short(key)?;
+    crate::topology::check_short(key)?;
     short("header key", key.to_owned())
 }
 

@@ -105,7 +105,7 @@ mod tests {
         );
         let source = e.source().expect("a source");
         assert!(source.is::<lapin::Error>(), "{source:?}");
-        assert_eq!(e.kind(), crate::error::ErrorKind::Transient);
+        assert_eq!(e.kind(), crate::transport::ErrorKind::Transient);
     }
 
     #[test]

@@ -24,7 +24,8 @@ use super::errors::from_lapin;
 use super::tls;
 use super::{AmqpOptions, Credentials, Inner, TlsOptions};
 use crate::transport::TransportError;
-use crate::transport::recovery::{RecoveryEvent, RecoveryPolicy, Side, redact};
+use crate::transport::connect::redact;
+use crate::transport::recovery::{RecoveryEvent, RecoveryPolicy, Side};
 
 /// How long one dial (TCP, TLS, the AMQP handshake) may take before it is abandoned and
 /// tried again. A local or LAN broker answers in milliseconds; a broker behind a slow TLS

@@ -12,9 +12,10 @@
 //!   stream once (lapin sends events only while a listener exists, and several listeners
 //!   would split them), keeps the status, and on loss redials with backoff across the
 //!   addresses, declares the recorded topology again and only then reports ready;
-//! * `publisher`: one confirm-mode channel, publishes serialized, confirms collected in
-//!   publish order; `returns`: returns matched to their publish by `message_id` and
-//!   destination, never dropped while their publish may still arrive;
+//! * `publisher`: one confirm-mode channel (`ConfirmChannel`), publishes serialized;
+//!   `collector`: its confirms collected in publish order and each publish answered;
+//!   `returns`: returns matched to their publish by `message_id` and destination, never
+//!   dropped while their publish may still arrive;
 //! * `subscription`: one channel per subscription, prefetch before consume, settlements
 //!   that never report an unsent ack as success, buffered deliveries of a dead channel
 //!   dropped;
@@ -29,6 +30,7 @@
 //! Connecting needs a tokio runtime (lapin's `tokio` feature); `amqp://` and `amqps://` URLs
 //! are accepted (TLS through rustls with the ring provider).
 
+mod collector;
 mod convert;
 mod errors;
 mod link;
@@ -55,7 +57,7 @@ use tracing::debug;
 use self::errors::from_lapin;
 use self::link::{Dialer, Link, supervise};
 pub use self::options::{AmqpOptions, Credentials, TlsOptions};
-use self::publisher::Publisher;
+use self::publisher::ConfirmChannel;
 use self::subscription::{AmqpSubscription, Generation, bounded};
 use self::topology::timed;
 use super::recovery::{Declared, DeclaredTopology, Events, RecoveryEvent, Side};
@@ -69,6 +71,10 @@ use crate::topology::{BindingDecl, ExchangeDecl, ExchangeKind, QueueDecl};
 const IDLE_TOPOLOGY_CHANNELS: usize = 4;
 
 /// RabbitMQ through lapin: a publishing and a consuming connection, each recovered on loss.
+///
+/// The two are separate because a blocked connection stalls every write on it, acks
+/// included: a resource alarm then refuses publishes without stopping consumers from
+/// draining.
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), acemq::transport::TransportError> {
@@ -87,7 +93,7 @@ pub struct AmqpTransport {
 pub(crate) struct Inner {
     options: AmqpOptions,
     dialer: Dialer,
-    publisher: Publisher,
+    publisher: ConfirmChannel,
     consume: Link,
     /// Idle topology channels on the consuming connection.
     idle: std::sync::Mutex<Vec<Channel>>,
@@ -143,7 +149,7 @@ impl AmqpTransport {
             blocked: None,
         });
         let inner = Arc::new(Inner {
-            publisher: Publisher::new(
+            publisher: ConfirmChannel::new(
                 Link::new(Side::Publish, publish),
                 status_rx.clone(),
                 options.confirm_timeout,

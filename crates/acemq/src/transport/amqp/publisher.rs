@@ -1,4 +1,5 @@
-//! Publishing with confirms on one confirm-mode channel, and the confirm collector.
+//! Publishing with confirms on one confirm-mode channel ([`ConfirmChannel`]); the confirm
+//! collector that answers each publish is in `collector`.
 //!
 //! # Why it is built like this
 //!
@@ -53,47 +54,22 @@
 //!   waits for it instead of publishing a second copy that would also be delivered. (A
 //!   publish still queued in lapin when the block is seen has no late answer.)
 
-use std::collections::VecDeque;
-use std::collections::hash_map::DefaultHasher;
-use std::hash::{Hash, Hasher};
 use std::time::Duration;
 
-use futures::FutureExt;
-use lapin::Confirmation as LapinConfirmation;
+use lapin::Channel;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
-use lapin::{Channel, ConnectionStatus, PublisherConfirm};
 use tokio::sync::{Mutex, mpsc, oneshot, watch};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
+use super::collector::{Inbox, Pending, collect, exchange_tag};
 use super::convert;
-use super::errors::{from_lapin, named_exchange};
+use super::errors::from_lapin;
 use super::link::Link;
-use super::returns::{Returned, Returns, Written, horizon, return_key};
-use crate::error::ErrorKind;
+use super::returns::{Written, return_key};
 use crate::transport::{
     Confirmation, Outbound, PendingConfirm, TrackedConfirm, TransportError, TransportStatus,
 };
-
-type Reply = oneshot::Sender<Result<Confirmation, TransportError>>;
-
-/// One publish waiting for its confirm, in the collector's FIFO.
-struct Pending {
-    /// `message_id`, exchange and routing key, to match returns (`None` without an id).
-    message_id: Option<String>,
-    /// A hash of the exchange, to tell which publish a channel close was about.
-    exchange: u64,
-    /// The publish's number on its channel ([`Written::begin`]), for matching returns.
-    seq: u64,
-    /// When the frames were written (the confirm deadline is `confirm_timeout` later).
-    published: Instant,
-    confirm: PublisherConfirm,
-    /// `None` once answered (by a timeout).
-    reply: Option<Reply>,
-    /// Where the broker's own answer goes when `reply` was answered in doubt first
-    /// ([`Publisher::publish_tracked`]).
-    late: Option<Reply>,
-}
 
 /// The live publisher channel and its collector.
 struct Live {
@@ -109,8 +85,9 @@ struct State {
     closed: bool,
 }
 
-/// The publishing side of the transport: owns the publishing connection's link.
-pub(crate) struct Publisher {
+/// The publishing side of the transport: the publishing connection's link and its one
+/// confirm-mode channel (opened again after it closes), with that channel's collector.
+pub(crate) struct ConfirmChannel {
     link: Link,
     state: Mutex<State>,
     confirm_timeout: Duration,
@@ -118,28 +95,22 @@ pub(crate) struct Publisher {
     publish_wait: Duration,
 }
 
-impl std::fmt::Debug for Publisher {
+impl std::fmt::Debug for ConfirmChannel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Publisher")
+        f.debug_struct("ConfirmChannel")
             .field("confirm_timeout", &self.confirm_timeout)
             .finish_non_exhaustive()
     }
 }
 
-fn exchange_tag(exchange: &str) -> u64 {
-    let mut h = DefaultHasher::new();
-    exchange.hash(&mut h);
-    h.finish()
-}
-
-impl Publisher {
+impl ConfirmChannel {
     pub(crate) fn new(
         link: Link,
         status: watch::Receiver<TransportStatus>,
         confirm_timeout: Duration,
         publish_wait: Duration,
     ) -> Self {
-        Publisher {
+        ConfirmChannel {
             link,
             state: Mutex::new(State {
                 live: None,
@@ -209,8 +180,8 @@ impl Publisher {
         Ok(self.publish_inner(m, false).await?.answer)
     }
 
-    /// [`Publisher::publish`], keeping the broker's own answer for a publish answered in
-    /// doubt while its confirm can still arrive (a timeout, or a block seen after it was
+    /// [`ConfirmChannel::publish`], keeping the broker's own answer for a publish answered
+    /// in doubt while its confirm can still arrive (a timeout, or a block seen after it was
     /// written): [`TrackedConfirm::late`].
     pub(crate) async fn publish_tracked(
         &self,
@@ -224,8 +195,8 @@ impl Publisher {
         m: Outbound,
         track: bool,
     ) -> Result<TrackedConfirm, TransportError> {
-        crate::transport::check_short(&m.exchange)?;
-        crate::transport::check_short(&m.routing_key)?;
+        crate::topology::check_short(&m.exchange)?;
+        crate::topology::check_short(&m.routing_key)?;
         let exchange_hash = exchange_tag(&m.exchange);
         let message_id = m
             .properties
@@ -366,8 +337,9 @@ impl Publisher {
         })
     }
 
-    /// Refuses further publishes. The channel is kept until [`Publisher::release`]: dropping
-    /// its last handle sends `channel.close`, which would race with the connection close.
+    /// Refuses further publishes. The channel is kept until [`ConfirmChannel::release`]:
+    /// dropping its last handle sends `channel.close`, which would race with the connection
+    /// close.
     pub(crate) async fn refuse(&self) {
         self.state.lock().await.closed = true;
     }
@@ -400,244 +372,5 @@ async fn blocked_change(status: &mut watch::Receiver<TransportStatus>, conn: &la
         if status.changed().await.is_err() {
             return futures::future::pending().await;
         }
-    }
-}
-
-/// A publish whose confirm has resolved, waiting to be answered with its batch.
-struct Done {
-    pending: Pending,
-    result: lapin::Result<LapinConfirmation>,
-    /// The return lapin attached to this publish's confirm when it is this publish's own.
-    own_return: Option<Returned>,
-}
-
-// A short-lived stack value, once per collector turn: boxing the confirmation would cost an
-// allocation per confirm for nothing.
-#[allow(clippy::large_enum_variant)]
-enum Event {
-    Front(lapin::Result<LapinConfirmation>),
-    Deadline,
-    Status(bool),
-}
-
-/// Answers every unanswered publish in `queue` as in doubt, keeping the confirms (a return
-/// they carry later still reaches the map).
-fn answer_in_doubt(queue: &mut VecDeque<Pending>, now: Instant, only_before: Option<Instant>) {
-    for p in queue.iter_mut() {
-        if only_before.is_some_and(|limit| p.published > limit) {
-            break;
-        }
-        if let Some(reply) = p.reply.take() {
-            let waited = now.saturating_duration_since(p.published).as_millis();
-            let millis = waited.try_into().unwrap_or(u64::MAX);
-            let _ = reply.send(Err(TransportError::ConfirmTimeout { millis }));
-        }
-    }
-}
-
-/// What the collector receives publishes through, and the channel they were written on.
-struct Inbox {
-    channel: Channel,
-    incoming: mpsc::UnboundedReceiver<Pending>,
-    /// The channel's publish counter: the watermark of a return seen now.
-    written: Written,
-    /// The highest publish number received so far.
-    received: u64,
-}
-
-impl Inbox {
-    /// Moves every publish already handed over into `queue` (after one taken from
-    /// `incoming` directly), and notes the highest number received.
-    fn pull(&mut self, queue: &mut VecDeque<Pending>) {
-        while let Ok(p) = self.incoming.try_recv() {
-            queue.push_back(p);
-        }
-        self.received = queue
-            .back()
-            .map_or(self.received, |p| p.seq.max(self.received));
-    }
-}
-
-/// The confirm collector of one publisher channel. Ends when the publisher dropped its
-/// sender and every confirm has resolved.
-///
-/// While the connection is blocked the broker confirms nothing (observed on 3.10: the
-/// publish that makes RabbitMQ send `connection.blocked` is written, then its confirm waits
-/// for the unblock), so every unanswered publish is answered in doubt as soon as the block is
-/// seen, rather than after `confirm_timeout`.
-async fn collect(
-    mut inbox: Inbox,
-    confirm_timeout: Duration,
-    connection: ConnectionStatus,
-    mut status: watch::Receiver<TransportStatus>,
-) {
-    let mut watching = true;
-    let mut queue: VecDeque<Pending> = VecDeque::new();
-    let mut returns = Returns::default();
-    let mut batch: Vec<Done> = Vec::new();
-    let sleep = tokio::time::sleep(confirm_timeout);
-    tokio::pin!(sleep);
-    let mut armed: Option<Instant> = None;
-    loop {
-        // Not a clear when the queue is empty: a return may belong to a publish that lapin
-        // has confirmed but that has not been handed over yet (see `returns`).
-        returns.expire(horizon(queue.front().map(|p| p.seq), inbox.received));
-        if queue.is_empty() {
-            match inbox.incoming.recv().await {
-                Some(p) => queue.push_back(p),
-                None => break,
-            }
-        }
-        inbox.pull(&mut queue);
-        if connection.blocked() {
-            answer_in_doubt(&mut queue, Instant::now(), None);
-        }
-        let deadline = queue
-            .iter()
-            .find(|p| p.reply.is_some())
-            .map(|p| p.published + confirm_timeout);
-        if let Some(d) = deadline
-            && armed.is_none_or(|at| at > d)
-        {
-            sleep.as_mut().reset(d);
-            armed = Some(d);
-        }
-        let event = {
-            let Some(front) = queue.front_mut() else {
-                continue;
-            };
-            // New publishes are not waited for while one is pending: they queue up in
-            // `incoming` and are taken in bulk on the next turn (and by `gather`), so a
-            // publish does not wake the collector. Only the front confirm, the deadline
-            // and the connection state do.
-            tokio::select! {
-                biased;
-                r = &mut front.confirm => Event::Front(r),
-                () = &mut sleep, if deadline.is_some() => Event::Deadline,
-                changed = status.changed(), if watching => Event::Status(changed.is_ok()),
-            }
-        };
-        match event {
-            Event::Deadline => {
-                armed = None;
-                let now = Instant::now();
-                if let Some(limit) = now.checked_sub(confirm_timeout) {
-                    answer_in_doubt(&mut queue, now, Some(limit));
-                }
-            }
-            // The loop checks the blocked flag on every turn.
-            Event::Status(open) => watching = open,
-            Event::Front(result) => {
-                if let Some(pending) = queue.pop_front() {
-                    batch.push(Done {
-                        pending,
-                        result,
-                        own_return: None,
-                    });
-                }
-                gather(
-                    &mut inbox,
-                    &mut queue,
-                    &mut batch,
-                    &mut returns,
-                    confirm_timeout,
-                )
-                .await;
-                answer(&mut batch, &mut returns, inbox.written.current());
-            }
-        }
-    }
-    debug!("publisher confirm collector finished");
-}
-
-/// Moves every already-resolved confirm at the front of `queue` into `batch`, behind a
-/// barrier on lapin's acknowledgement lock, until a pass finds nothing new. Each pass first
-/// waits (up to `limit`) for the publish being written, if any, to be handed over: lapin may
-/// have confirmed it already, with a return of this batch on its confirm.
-async fn gather(
-    inbox: &mut Inbox,
-    queue: &mut VecDeque<Pending>,
-    batch: &mut Vec<Done>,
-    returns: &mut Returns,
-    limit: Duration,
-) {
-    loop {
-        let _ = tokio::time::timeout(limit, inbox.written.settled()).await;
-        returns.barrier(&inbox.channel, &inbox.written);
-        inbox.pull(queue);
-        let before = batch.len();
-        while let Some(front) = queue.front_mut() {
-            let Some(result) = (&mut front.confirm).now_or_never() else {
-                break;
-            };
-            if let Some(pending) = queue.pop_front() {
-                batch.push(Done {
-                    pending,
-                    result,
-                    own_return: None,
-                });
-            }
-        }
-        if batch.len() == before {
-            return;
-        }
-    }
-}
-
-/// Answers every publish in `batch`, in publish order. `watermark` is the publish counter
-/// read after every confirm in the batch resolved.
-fn answer(batch: &mut Vec<Done>, returns: &mut Returns, watermark: u64) {
-    for done in batch.iter_mut() {
-        let own = done.pending.message_id.as_deref();
-        done.own_return = returns.carried(&mut done.result, own, watermark);
-    }
-    for done in batch.drain(..) {
-        let Done {
-            pending,
-            result,
-            own_return,
-        } = done;
-        let outcome = match result {
-            Ok(LapinConfirmation::Nack(_)) => Ok(Confirmation::Nacked),
-            Ok(_) => Ok(returns.outcome(own_return, pending.message_id.as_deref(), pending.seq)),
-            Err(e) => Err(rejected(e, pending.exchange)),
-        };
-        if let Some(reply) = pending.reply.or(pending.late) {
-            let _ = reply.send(outcome);
-        }
-    }
-}
-
-/// The error for a publish whose confirm was rejected. A channel close caused by another
-/// publish (its text names a different exchange) is reported as [`TransportError::Closed`]:
-/// this message was discarded with the channel, not refused. A rejection that is not the
-/// broker refusing (the connection or channel went away under a written publish) is
-/// [`TransportError::ConfirmLost`]: the broker may or may not have it.
-fn rejected(error: lapin::Error, exchange: u64) -> TransportError {
-    let mapped = from_lapin(error);
-    let detail = match &mapped {
-        TransportError::NotFound { detail }
-        | TransportError::PreconditionFailed { detail }
-        | TransportError::AccessRefused { detail } => detail,
-        _ if mapped.kind() == ErrorKind::Refused => return mapped,
-        _ => return lost(mapped),
-    };
-    match named_exchange(detail) {
-        Some(named) if exchange_tag(named) != exchange => TransportError::Closed {
-            detail: format!(
-                "the publisher channel was closed by the broker because of another publish \
-                 ({detail}); this message was not confirmed and may be published again"
-            ),
-        },
-        _ => mapped,
-    }
-}
-
-/// A written publish whose connection or channel failed before its confirm: in doubt,
-/// keeping what failed as the source.
-fn lost(cause: TransportError) -> TransportError {
-    TransportError::ConfirmLost {
-        detail: cause.to_string(),
-        source: Some(std::sync::Arc::new(cause)),
     }
 }

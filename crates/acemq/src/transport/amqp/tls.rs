@@ -217,7 +217,7 @@ mod tests {
             );
             assert!(text.contains(phrase), "{text}");
             assert!(super::super::link::permanent(&e), "{e:?}");
-            assert_eq!(e.kind(), crate::error::ErrorKind::Refused);
+            assert_eq!(e.kind(), crate::transport::ErrorKind::Refused);
         }
     }
 

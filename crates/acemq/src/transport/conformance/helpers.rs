@@ -1,5 +1,7 @@
 //! Small publish, declare, bind, drain and subscription helpers over the raw [`Transport`]
 //! trait, shared by the cases. They panic on failure, as the assertions around them do.
+//! [`unique`], [`eventually`], [`wait_for_count`] and [`publish_confirmed`] are public (at
+//! [`super`]'s root), for tests of your own beside the cases.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,8 +16,14 @@ use crate::transport::{
 /// How long a case waits for something that must happen.
 pub(crate) const WAIT: Duration = Duration::from_secs(10);
 
-/// A name no other case (or earlier run) uses: `acemq-test.{prefix}.{pid}.{n}.{nanos}`.
-pub(crate) fn unique(prefix: &str) -> String {
+/// A name no other case, test or earlier run uses: `acemq-test.{prefix}.{pid}.{n}.{nanos}`.
+///
+/// ```
+/// let (a, b) = (acemq::transport::conformance::unique("q"), acemq::transport::conformance::unique("q"));
+/// assert!(a.starts_with("acemq-test.q."));
+/// assert_ne!(a, b);
+/// ```
+pub fn unique(prefix: &str) -> String {
     static N: AtomicU64 = AtomicU64::new(0);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -28,8 +36,23 @@ pub(crate) fn unique(prefix: &str) -> String {
     )
 }
 
-/// Polls `check` until it returns `Some`, or panics with `what` after `timeout`.
-pub(crate) async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T
+/// Polls `check` every 10 ms until it returns `Some`, and returns its value; panics with
+/// `what` after `timeout`.
+///
+/// ```
+/// use std::time::Duration;
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let mut n = 0;
+/// let got = acemq::transport::conformance::eventually(Duration::from_secs(1), "n to reach 3", || {
+///     n += 1;
+///     let now = n;
+///     async move { (now >= 3).then_some(now) }
+/// })
+/// .await;
+/// assert_eq!(got, 3);
+/// # }
+/// ```
+pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
@@ -46,13 +69,9 @@ where
     }
 }
 
-/// Waits until a queue holds at least `n` ready messages; returns the count.
-pub(crate) async fn wait_for_count(
-    t: &dyn Transport,
-    queue: &str,
-    n: u32,
-    timeout: Duration,
-) -> u32 {
+/// Waits until a queue holds at least `n` ready messages; returns the count. Panics after
+/// `timeout`.
+pub async fn wait_for_count(t: &dyn Transport, queue: &str, n: u32, timeout: Duration) -> u32 {
     eventually(
         timeout,
         &format!("{queue} to hold {n} messages"),
@@ -67,7 +86,7 @@ pub(crate) async fn wait_for_count(
 }
 
 /// Publishes `m` and waits for its confirmation; panics when either fails.
-pub(crate) async fn publish_confirmed(t: &dyn Transport, m: Outbound) -> Confirmation {
+pub async fn publish_confirmed(t: &dyn Transport, m: Outbound) -> Confirmation {
     t.publish(m)
         .await
         .expect("publish handed over")

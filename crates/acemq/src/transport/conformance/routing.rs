@@ -134,8 +134,9 @@ pub async fn topic_exchange_matches_star_and_hash(target: Target) {
     cleanup(&*t, &[&star, &hash, &all], &[&x]).await;
 }
 
-/// Headers exchange all and any as in the seed.
-pub async fn headers_exchange_all_and_any_as_in_the_seed(target: Target) {
+/// A headers exchange routes on `x-match`: an `all` binding when every header matches, an
+/// `any` binding when one does.
+pub async fn headers_exchange_matches_all_or_any_header(target: Target) {
     let t = target.transport().await;
     let x = unique("headers.x");
     let (all, any) = (unique("headers.all"), unique("headers.any"));

@@ -11,17 +11,17 @@
 //! microseconds and never across an `.await`.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
 use tokio::sync::watch;
 
 use super::dispatch::Channel;
+use super::hash::FastMap;
 use super::queue::{Queue, queue_ref};
 use super::routing;
 use crate::headers::Headers;
-use crate::topology::{BindingDecl, ExchangeDecl, ExchangeKind, QueueDecl};
-use crate::transport::{QueueInfo, TransportError, TransportStatus, check_short};
+use crate::topology::{BindingDecl, ExchangeDecl, ExchangeKind, QueueDecl, check_short};
+use crate::transport::{QueueInfo, TransportError, TransportStatus};
 
 /// One in-process broker, shared by every [`super::MemoryTransport`] connected to its
 /// name.
@@ -65,57 +65,12 @@ pub(crate) struct Exchange {
     pub bindings: Vec<Binding>,
 }
 
-/// A fast, non-cryptographic hasher (the Fx scheme) for the broker's own maps: names and
-/// ids come from the process itself, so hash flooding is not a concern, and SipHash
-/// showed up in the hot path.
-#[derive(Default, Clone, Copy, Debug)]
-pub(crate) struct FastHasher(u64);
-
-impl FastHasher {
-    const K: u64 = 0x517c_c1b7_2722_0a95;
-
-    fn add(&mut self, word: u64) {
-        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(Self::K);
-    }
-}
-
-impl Hasher for FastHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for c in &mut chunks {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(c);
-            self.add(u64::from_le_bytes(w));
-        }
-        let rest = chunks.remainder();
-        if !rest.is_empty() {
-            let mut w = [0u8; 8];
-            w[..rest.len()].copy_from_slice(rest);
-            self.add(u64::from_le_bytes(w));
-        }
-    }
-
-    fn write_u8(&mut self, n: u8) {
-        self.add(u64::from(n));
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.add(n);
-    }
-
-    fn write_usize(&mut self, n: usize) {
-        self.add(n as u64);
-    }
-}
-
-/// A map with the [`FastHasher`].
-pub(crate) type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FastHasher>>;
-
 /// Everything a broker holds, behind its one mutex.
+///
+/// Its methods are split by concern, one file each: the topology half here (exchanges,
+/// bindings, queue declaration and deletion), publish, delivery and settlement in
+/// `dispatch`, consume / get / cancel / close in `channel`, the expiry sweep in `expiry`,
+/// and `x-expires` in `unused`.
 #[derive(Debug)]
 pub(crate) struct State {
     /// The broker itself, for the expiry tasks.

@@ -15,7 +15,8 @@ use tokio::time::Instant;
 use super::broker::{State, count, not_found_queue};
 use super::dispatch::{Channel, Consumer, Pending, Unacked, Work};
 use super::queue::{self, Kind};
-use crate::transport::{ConsumeSpec, TransportError, check_short};
+use crate::topology::check_short;
+use crate::transport::{ConsumeSpec, TransportError};
 
 impl State {
     /// basic.consume on a new channel of `conn`.

@@ -21,7 +21,8 @@ use tokio::time::Instant;
 use super::broker::State;
 use super::deadletter::{self, Reason};
 use super::queue::{self, Kind, Message, Ready};
-use crate::transport::{Confirmation, Outbound, Settlement, TransportError, check_short};
+use crate::topology::check_short;
+use crate::transport::{Confirmation, Outbound, Settlement, TransportError};
 
 /// A delivery on its way to a subscription (or out of basic.get).
 #[derive(Debug)]

@@ -12,7 +12,9 @@
 //! paused-clock tests run hours of TTL in milliseconds.
 //!
 //! Modules: `broker` (registry, [`MemoryBroker`], block/unblock, exchanges, bindings,
-//! queue declaration and deletion), `inspect` (read-only views for tests), `routing`
+//! queue declaration and deletion), `connection` (one connection to a broker: what
+//! closing it releases), `hash` (the broker maps' hasher), `inspect` (read-only views for
+//! tests), `routing`
 //! (matching rules), `queue` (the queue record and TTL bookkeeping), `args` (declaration
 //! validation and equivalence), `dispatch` (publish, delivery, settlement), `channel`
 //! (consume, get, cancel, close), `deadletter` (`x-death`), `expiry` (the per-queue
@@ -53,9 +55,11 @@
 mod args;
 mod broker;
 mod channel;
+mod connection;
 mod deadletter;
 mod dispatch;
 mod expiry;
+mod hash;
 mod inspect;
 mod queue;
 mod recover;
@@ -78,47 +82,8 @@ use super::{
     TrackedConfirm, Transport, TransportError, TransportStatus,
 };
 use crate::topology::{BindingDecl, ExchangeDecl, QueueDecl};
-use dispatch::Channel;
+use connection::MemoryConnection;
 use subscription::MemorySubscription;
-
-/// One connection to a memory broker. Closing it (or dropping it and every subscription
-/// opened on it) returns its unsettled deliveries to their queues and deletes its
-/// exclusive queues, as a closed AMQP connection does.
-#[derive(Debug)]
-pub(crate) struct Connection {
-    id: u64,
-    broker: Arc<MemoryBroker>,
-    status: Arc<watch::Sender<TransportStatus>>,
-    closed: AtomicBool,
-    /// The channel basic.get deliveries belong to.
-    get_channel: u64,
-}
-
-impl Connection {
-    fn close(&self) {
-        if self.closed.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        self.broker.lock().close_connection(self.id, Instant::now());
-        self.status.send_modify(|s| s.connected = false);
-    }
-
-    fn check_open(&self) -> Result<(), TransportError> {
-        if self.closed.load(Ordering::Acquire) {
-            Err(TransportError::Closed {
-                detail: format!("memory://{} connection closed", self.broker.name()),
-            })
-        } else {
-            Ok(())
-        }
-    }
-}
-
-impl Drop for Connection {
-    fn drop(&mut self) {
-        self.close();
-    }
-}
 
 /// A connection to the in-process broker `memory://{name}`.
 ///
@@ -144,7 +109,7 @@ pub(crate) struct Inner {
     broker: Arc<MemoryBroker>,
     /// The same sender across connections, so watchers see the loss and the recovery.
     status: Arc<watch::Sender<TransportStatus>>,
-    conn: RwLock<Arc<Connection>>,
+    conn: RwLock<Arc<MemoryConnection>>,
     /// Closed by its user: never recovered.
     closed: AtomicBool,
     recovering: AtomicBool,
@@ -153,26 +118,6 @@ pub(crate) struct Inner {
     events: Events,
     /// The fault of `lose_connection_after_next_consume`, armed.
     after_consume: std::sync::Mutex<Option<std::time::Duration>>,
-}
-
-/// Opens one connection to `broker`, reporting through `status`.
-fn open(broker: &Arc<MemoryBroker>, status: &Arc<watch::Sender<TransportStatus>>) -> Connection {
-    let mut st = broker.lock();
-    let id = st.next_id();
-    let get_channel = st.next_id();
-    st.channels.insert(get_channel, Channel::new(id, None));
-    status.send_modify(|s| {
-        s.connected = true;
-        s.blocked = st.blocked.clone();
-    });
-    st.connections.insert(id, status.clone());
-    Connection {
-        id,
-        broker: broker.clone(),
-        status: status.clone(),
-        closed: AtomicBool::new(false),
-        get_channel,
-    }
 }
 
 impl MemoryTransport {
@@ -188,7 +133,7 @@ impl MemoryTransport {
     pub fn connect(name: &str) -> MemoryTransport {
         let broker = MemoryBroker::named(name);
         let status = Arc::new(watch::Sender::new(TransportStatus::default()));
-        let conn = open(&broker, &status);
+        let conn = MemoryConnection::open(&broker, &status);
         MemoryTransport {
             inner: Arc::new(Inner {
                 broker,
@@ -233,7 +178,7 @@ impl MemoryTransport {
         self.inner.events.subscribe()
     }
 
-    fn conn(&self) -> Arc<Connection> {
+    fn conn(&self) -> Arc<MemoryConnection> {
         self.inner.conn()
     }
 
@@ -268,7 +213,7 @@ impl MemoryTransport {
 }
 
 impl Inner {
-    fn conn(&self) -> Arc<Connection> {
+    fn conn(&self) -> Arc<MemoryConnection> {
         self.conn.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 }
@@ -421,7 +366,7 @@ impl Transport for MemoryTransport {
     /// Deletes a queue; deleting a missing queue returns 0, as RabbitMQ 3.10 does.
     fn delete_queue(&self, name: &str) -> BoxFuture<'_, Result<u32, TransportError>> {
         ready(self.with(|st, conn| {
-            super::check_short(name)?;
+            crate::topology::check_short(name)?;
             if !st.queues.contains_key(name) {
                 return Ok(0);
             }

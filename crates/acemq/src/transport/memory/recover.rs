@@ -31,7 +31,8 @@ use std::sync::{Arc, Weak};
 
 use tokio::time::Instant;
 
-use super::{Inner, open};
+use super::Inner;
+use super::connection::MemoryConnection;
 #[cfg(feature = "testing")]
 use super::{MemoryBroker, MemoryTransport};
 use crate::transport::recovery::{Declared, RecoveryEvent, Side};
@@ -243,7 +244,7 @@ async fn recover(inner: Weak<Inner>) {
             last_error = format!("memory://{} is down", s.broker.name());
             continue;
         }
-        let conn = Arc::new(open(&s.broker, &s.status));
+        let conn = Arc::new(MemoryConnection::open(&s.broker, &s.status));
         for item in s.declared.snapshot() {
             let mut st = conn.broker.lock();
             let done = match &item {

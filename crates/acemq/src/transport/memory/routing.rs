@@ -226,7 +226,7 @@ mod tests {
     }
 
     #[test]
-    fn headers_all_and_any_as_in_the_seed() {
+    fn headers_all_and_any_match_as_rabbitmq_does() {
         let all = h(&[
             ("x-match", "all".into()),
             ("class", "10-A".into()),

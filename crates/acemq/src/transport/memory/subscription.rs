@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::Connection;
 use super::broker::MemoryBroker;
+use super::connection::MemoryConnection;
 use super::dispatch::Pending;
 use crate::headers::HeaderValue;
 use crate::transport::{
@@ -78,7 +78,7 @@ pub(crate) fn delivery(p: Pending, broker: &Arc<MemoryBroker>, channel: u64) -> 
 /// its unsettled deliveries to the head of the queue, redelivered.
 #[derive(Debug)]
 pub(crate) struct MemorySubscription {
-    conn: Arc<Connection>,
+    conn: Arc<MemoryConnection>,
     channel: u64,
     rx: mpsc::UnboundedReceiver<Pending>,
     closed: Arc<AtomicBool>,
@@ -87,7 +87,7 @@ pub(crate) struct MemorySubscription {
 
 impl MemorySubscription {
     pub(crate) fn new(
-        conn: Arc<Connection>,
+        conn: Arc<MemoryConnection>,
         channel: u64,
         rx: mpsc::UnboundedReceiver<Pending>,
         closed: Arc<AtomicBool>,

@@ -1,0 +1,29 @@
+//! What a handler's publishes inherit from the message being handled: its correlation id
+//! and, as their causation, its message id (the family's `causing`). The delivery path
+//! sets it around the handler ([`scope`]); the publish path reads it ([`current`]) for
+//! every field the caller did not set.
+
+use std::future::Future;
+
+tokio::task_local! {
+    static CAUSE: Cause;
+}
+
+/// The message being handled, as its handler's publishes see it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Cause {
+    /// The incoming correlation id, carried on.
+    pub(crate) correlation_id: String,
+    /// The incoming message id: the causation of what the handler publishes.
+    pub(crate) message_id: String,
+}
+
+/// Runs `fut` (a handler) with `cause` as what its publishes inherit.
+pub(crate) async fn scope<F: Future>(cause: Cause, fut: F) -> F::Output {
+    CAUSE.scope(cause, fut).await
+}
+
+/// The message being handled by the current task, if any.
+pub(crate) fn current() -> Option<Cause> {
+    CAUSE.try_with(Cause::clone).ok()
+}
