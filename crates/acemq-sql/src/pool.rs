@@ -132,3 +132,49 @@ pub(crate) async fn run_ddl(pool: &SqlPool, ddl: &[String]) -> Result<(), crate:
     }
     Ok(())
 }
+
+/// Whether the database refused a statement only because a concurrent one held what it
+/// needed: a deadlock or serialization failure (SQLSTATE 40001, PostgreSQL's 40P01), a
+/// MySQL lock wait timeout (1205), SQLite busy or locked. Running the statement again is
+/// the documented answer; nothing was changed.
+pub(crate) fn is_contention(e: &crate::Error) -> bool {
+    let crate::Error::Database(sqlx::Error::Database(db)) = e else {
+        return false;
+    };
+    #[cfg(feature = "mysql")]
+    if let Some(m) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+        return matches!(m.number(), 1205 | 1213);
+    }
+    matches!(
+        db.code().as_deref(),
+        Some("40001" | "40P01" | "5" | "6" | "517" | "262")
+    )
+}
+
+/// How often a statement refused by [`is_contention`] is run again before its error is
+/// returned, and the first pause (doubling): 6 tries over about 0.3 s.
+const CONTENTION_TRIES: u32 = 6;
+const CONTENTION_PAUSE: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// Runs `op` again, after a short doubling pause, while the database answers with a
+/// contention error ([`is_contention`]); any other outcome is returned at once. For
+/// statements that are safe to repeat (each one its own transaction).
+pub(crate) async fn retry_contention<T, F, Fut>(mut op: F) -> Result<T, crate::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, crate::Error>>,
+{
+    let mut pause = CONTENTION_PAUSE;
+    let mut tries = 1;
+    loop {
+        match op().await {
+            Err(e) if tries < CONTENTION_TRIES && is_contention(&e) => {
+                tracing::debug!(error = %e, tries, "statement refused on contention; running it again");
+                tokio::time::sleep(pause).await;
+                pause = pause.saturating_mul(2);
+                tries += 1;
+            }
+            other => return other,
+        }
+    }
+}

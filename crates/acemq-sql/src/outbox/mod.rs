@@ -19,7 +19,7 @@ use bytes::Bytes;
 use sqlx::{AssertSqlSafe, Row};
 
 use crate::headers_json;
-use crate::pool::{Dialect, SqlPool};
+use crate::pool::{Dialect, SqlPool, retry_contention};
 use crate::{Error, TableName, millis, now_millis};
 use sql::{Statements, insert_sql, read_record, statements};
 
@@ -371,57 +371,70 @@ impl Outbox {
     ) -> Result<Vec<Result<OutboxRecord, (String, Error)>>, Error> {
         let now = now_millis();
         let until = now.saturating_add(millis(lease));
-        let claim = self.sql.claim.clone();
-        let fetch = self.sql.fetch_claimed.clone();
         let limit = i64::from(limit);
-        Ok(on_pool!(&self.pool, p => {
-            sqlx::query(AssertSqlSafe(claim))
-                .bind(token)
-                .bind(until)
-                .bind(now)
-                .bind(limit)
-                .execute(p)
-                .await?;
-            let rows = sqlx::query(AssertSqlSafe(fetch)).bind(token).fetch_all(p).await?;
-            let mut out = Vec::with_capacity(rows.len());
-            for row in &rows {
-                let read = (|| -> Result<OutboxRecord, Error> { Ok(read_record!(row)) })();
-                out.push(read.map_err(|e| (row.try_get::<String, _>("id").unwrap_or_default(), e)));
-            }
-            out
-        }))
+        // A claim refused on contention (two relays) changed nothing: it is run again.
+        retry_contention(|| async {
+            let claim = self.sql.claim.clone();
+            let fetch = self.sql.fetch_claimed.clone();
+            Ok(on_pool!(&self.pool, p => {
+                sqlx::query(AssertSqlSafe(claim))
+                    .bind(token)
+                    .bind(until)
+                    .bind(now)
+                    .bind(limit)
+                    .execute(p)
+                    .await?;
+                let rows = sqlx::query(AssertSqlSafe(fetch)).bind(token).fetch_all(p).await?;
+                let mut out = Vec::with_capacity(rows.len());
+                for row in &rows {
+                    let read = (|| -> Result<OutboxRecord, Error> { Ok(read_record!(row)) })();
+                    out.push(read.map_err(|e| (row.try_get::<String, _>("id").unwrap_or_default(), e)));
+                }
+                out
+            }))
+        })
+        .await
     }
 
     async fn mark_published(&self, id: &str) -> Result<(), Error> {
-        let sql = self.sql.mark_published.clone();
         let now = now_millis();
-        on_pool!(&self.pool, p => sqlx::query(AssertSqlSafe(sql)).bind(now).bind(id).execute(p).await.map(|_| ())?);
-        Ok(())
+        retry_contention(|| async {
+            let sql = self.sql.mark_published.clone();
+            on_pool!(&self.pool, p => sqlx::query(AssertSqlSafe(sql)).bind(now).bind(id).execute(p).await.map(|_| ())?);
+            Ok(())
+        })
+        .await
     }
 
     /// Records a publish the broker was unavailable for: `last_error` set, `attempts`
     /// unchanged, the lease given back; the row can be claimed again `after` from now (at
     /// once with `None`).
     async fn defer(&self, id: &str, error: &str, after: Option<Duration>) -> Result<(), Error> {
-        let sql = self.sql.defer.clone();
         let error: String = error.chars().take(LAST_ERROR_MAX_CHARS).collect();
         let until = after.map(|d| now_millis().saturating_add(millis(d)));
-        on_pool!(&self.pool, p => sqlx::query(AssertSqlSafe(sql))
-            .bind(error.as_str())
-            .bind(until)
-            .bind(id)
-            .execute(p)
-            .await
-            .map(|_| ())?);
-        Ok(())
+        retry_contention(|| async {
+            let sql = self.sql.defer.clone();
+            on_pool!(&self.pool, p => sqlx::query(AssertSqlSafe(sql))
+                .bind(error.as_str())
+                .bind(until)
+                .bind(id)
+                .execute(p)
+                .await
+                .map(|_| ())?);
+            Ok(())
+        })
+        .await
     }
 
     /// Gives back the lease on every row `token` still holds (claimable again at once).
     async fn release(&self, token: &str) -> Result<u64, Error> {
-        let sql = self.sql.release.clone();
-        Ok(
-            on_pool!(&self.pool, p => sqlx::query(AssertSqlSafe(sql)).bind(token).execute(p).await?.rows_affected()),
-        )
+        retry_contention(|| async {
+            let sql = self.sql.release.clone();
+            Ok(
+                on_pool!(&self.pool, p => sqlx::query(AssertSqlSafe(sql)).bind(token).execute(p).await?.rows_affected()),
+            )
+        })
+        .await
     }
 
     async fn mark_failed(
@@ -431,20 +444,24 @@ impl Outbox {
         max_attempts: u32,
         retry_delay: Duration,
     ) -> Result<(), Error> {
-        let sql = self.sql.mark_failed.clone();
         let now = now_millis();
         let error: String = error.chars().take(LAST_ERROR_MAX_CHARS).collect();
         let max = i32::try_from(max_attempts).unwrap_or(i32::MAX);
         let retry_at = now.saturating_add(millis(retry_delay));
-        on_pool!(&self.pool, p => sqlx::query(AssertSqlSafe(sql))
-            .bind(max)
-            .bind(now)
-            .bind(error.as_str())
-            .bind(retry_at)
-            .bind(id)
-            .execute(p)
-            .await
-            .map(|_| ())?);
-        Ok(())
+        // A refused statement changed nothing (its attempt not spent): it is run again.
+        retry_contention(|| async {
+            let sql = self.sql.mark_failed.clone();
+            on_pool!(&self.pool, p => sqlx::query(AssertSqlSafe(sql))
+                .bind(max)
+                .bind(now)
+                .bind(error.as_str())
+                .bind(retry_at)
+                .bind(id)
+                .execute(p)
+                .await
+                .map(|_| ())?);
+            Ok(())
+        })
+        .await
     }
 }

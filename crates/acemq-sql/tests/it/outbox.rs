@@ -228,10 +228,23 @@ async fn two_relays_publish_each_row_once(pool: &SqlPool) {
     let b = relay(&conn, &outbox).batch_size(20);
     a.start().unwrap();
     b.start().unwrap();
-    eventually("all published", DEADLINE, || async {
-        outbox.pending_count().await.unwrap() == 0
-    })
-    .await;
+    let end = tokio::time::Instant::now() + DEADLINE;
+    while outbox.pending_count().await.unwrap() != 0 {
+        if tokio::time::Instant::now() > end {
+            let now = acemq::envelope::now_millis();
+            let rows = support::unpublished_rows(pool, &table).await;
+            panic!(
+                "two relays: {} rows unpublished after {DEADLINE:?} (a published {}, b published {}, failed {} + {}, now {now}); first: {:#?}",
+                rows.len(),
+                a.published(),
+                b.published(),
+                a.failed(),
+                b.failed(),
+                &rows[..rows.len().min(5)]
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     a.stop().await;
     b.stop().await;
     let seen = check_delivered(&broker.messages("orders"), &expected);

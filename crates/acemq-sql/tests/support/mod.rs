@@ -88,6 +88,34 @@ pub async fn drop_table(pool: &SqlPool, table: &str) {
     r.expect("drop table");
 }
 
+/// The outbox rows of `table` not yet published, as `id locked_by locked_until attempts
+/// last_error` lines: what a timed-out test prints to say why.
+pub async fn unpublished_rows(pool: &SqlPool, table: &str) -> Vec<String> {
+    let sql = format!(
+        "SELECT id, locked_by, locked_until, attempts, last_error FROM {table} WHERE published_at IS NULL ORDER BY created_at, id"
+    );
+    macro_rules! read {
+        ($p:expr) => {{
+            let rows: Vec<(String, Option<String>, Option<i64>, i32, Option<String>)> =
+                sqlx::query_as(sqlx::AssertSqlSafe(sql))
+                    .fetch_all($p)
+                    .await
+                    .expect("read outbox rows");
+            rows.into_iter()
+                .map(|(id, by, until, attempts, err)| {
+                    format!("{id} by={by:?} until={until:?} attempts={attempts} error={err:?}")
+                })
+                .collect()
+        }};
+    }
+    match pool {
+        SqlPool::Postgres(p) => read!(p),
+        SqlPool::MySql(p) => read!(p),
+        SqlPool::Sqlite(p) => read!(p),
+        _ => Vec::new(),
+    }
+}
+
 /// Polls `f` every 20 ms until it is true; panics after `deadline`.
 pub async fn eventually<F, Fut>(what: &str, deadline: Duration, mut f: F)
 where
