@@ -17,6 +17,9 @@
 //!   scheduled message cancelled on one instance is not delivered by any scheduler that
 //!   shares the table, across restarts. A cancellation is one insert that ignores an
 //!   existing row.
+//! * [`saga::DurableSaga`]: a saga whose every step commits with its log entry in one
+//!   transaction, so one interrupted anywhere (a crash, a SIGKILL) is resumed by recovery
+//!   and ends completed or compensated, never half-applied. Rust only.
 //!
 //! Backends are sqlx 0.9 pools, one crate feature each: `postgres`, `mysql` (MySQL 8 and
 //! MariaDB) and `sqlite` (bundled). None is on by default. TLS is not enabled here; to
@@ -53,6 +56,7 @@ mod idempotency;
 mod ident;
 pub mod offsets;
 pub mod outbox;
+pub mod saga;
 
 pub use cancellations::SqlCancelStore;
 pub use error::Error;

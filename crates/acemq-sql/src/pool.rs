@@ -138,7 +138,12 @@ pub(crate) async fn run_ddl(pool: &SqlPool, ddl: &[String]) -> Result<(), crate:
 /// MySQL lock wait timeout (1205), SQLite busy or locked. Running the statement again is
 /// the documented answer; nothing was changed.
 pub(crate) fn is_contention(e: &crate::Error) -> bool {
-    let crate::Error::Database(sqlx::Error::Database(db)) = e else {
+    matches!(e, crate::Error::Database(e) if is_sqlx_contention(e))
+}
+
+/// [`is_contention`] for a `sqlx::Error`.
+pub(crate) fn is_sqlx_contention(e: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(db) = e else {
         return false;
     };
     #[cfg(feature = "mysql")]

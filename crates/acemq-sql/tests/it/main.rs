@@ -21,4 +21,6 @@ mod idempotency_conformance;
 mod idempotency_tx;
 mod idempotent_consumer;
 mod outbox;
+mod saga;
+mod saga_kill;
 mod store_outage;

@@ -266,3 +266,26 @@ impl Transport for RecordingBroker {
         Box::pin(async { Ok(()) })
     }
 }
+
+/// Every outbox row id of `table`, sorted: what a test compares with the exact set it
+/// expects.
+pub async fn outbox_ids(pool: &SqlPool, table: &str) -> Vec<String> {
+    let sql = format!("SELECT id FROM {table} ORDER BY id");
+    macro_rules! read {
+        ($p:expr) => {{
+            let rows: Vec<(String,)> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+                .fetch_all($p)
+                .await
+                .expect("read outbox ids");
+            rows.into_iter().map(|(id,)| id).collect()
+        }};
+    }
+    let mut ids: Vec<String> = match pool {
+        SqlPool::Postgres(p) => read!(p),
+        SqlPool::MySql(p) => read!(p),
+        SqlPool::Sqlite(p) => read!(p),
+        _ => Vec::new(),
+    };
+    ids.sort();
+    ids
+}
