@@ -140,7 +140,7 @@ step "cargo run -p acemq --example quickstart (RabbitMQ at ACEMQ_TEST_AMQP_URL)"
 ACEMQ_URL="$ACEMQ_TEST_AMQP_URL" cargo run -q -p acemq --example quickstart
 
 # The examples that need no services run on memory:// (the rest are built by cargo test).
-for example in publish_202 custom_codec replay_dead_letters outbox_axum scheduled_reminder pipeline_orders saga_booking; do
+for example in publish_202 custom_codec replay_dead_letters outbox_axum scheduled_reminder pipeline_orders saga_booking durable_saga; do
   step "cargo run -p acemq-examples --example $example (memory://)"
   env -u ACEMQ_URL cargo run -q -p acemq-examples --example "$example"
 done
