@@ -37,8 +37,8 @@ use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub(crate) use decide::Decision;
 pub use decide::{DEFAULT_RETRY_DELAY_WITHOUT_POLICY, MAX_REASON_BYTES};
+pub(crate) use decide::{Decision, retried_under};
 pub(crate) use group::StartMember;
 pub use group::{CONSUMER_GROUP_MEMBERS, ConsumerGroup, GroupDepth, MemberStats};
 pub use handler::{Handler, HandlerError};

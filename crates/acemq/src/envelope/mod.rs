@@ -50,6 +50,9 @@ pub const REPLAYED_AT: &str = "acemq-replayed-at";
 pub const REPLAY_COUNT: &str = "acemq-replay-count";
 /// Reply queue of a request (shared header; also the `reply_to` property).
 pub const REPLY_TO: &str = "acemq-reply-to";
+/// On a reply: the responder's handler failed, and this is why (shared header, string;
+/// the reply's body is empty). Go and Ruby write and read it too.
+pub const REPLY_ERROR: &str = "acemq-error";
 /// The default client name in the origin stamp.
 pub const DEFAULT_CLIENT_NAME: &str = "acemq";
 

@@ -13,7 +13,12 @@
 //!   out, or was dropped) is acked, counted as *unmatched* and dropped.
 //! - [`Responder`] (`mq.respond(queue, options, handler)`): a consumer like any other (it
 //!   is built on the consume machinery, so retries, dead letters, drain, recovery and
-//!   health apply), whose handler returns the answer. The reply address is read from the
+//!   health apply), whose handler returns the answer. A handler failure that is final
+//!   (fatal, parked, dead-lettered, or the last attempt its retry policy allows; with no
+//!   policy, the first) goes back to the requester as a *fault reply*: an empty body with
+//!   the reason in the `acemq-error` header, as Go and Ruby write it; the requester
+//!   returns [`RequestError::Failed`] at once instead of timing out, and the request lands
+//!   in `{queue}.dlq` (or `.parked`). A failure the policy retries is retried. The reply address is read from the
 //!   `acemq-reply-to` header first and the `reply_to` property second; the reply goes
 //!   through the default exchange with the request's `x-acemq-correlation` and
 //!   `x-acemq-causation` = the request's id, mandatory and confirmed. A request with no
@@ -101,6 +106,20 @@ pub enum RequestError {
         /// The timeout that passed.
         timeout: Duration,
     },
+    /// The responder's handler failed on this request, for good (it was not retried, or
+    /// its retries ran out), and answered with a fault reply saying why. The request is in
+    /// the responder queue's `.dlq` (or `.parked`), where it can be looked at and replayed.
+    #[error(
+        "the responder of {destination} failed on request {correlation_id}: {reason}; the request is in that queue's .dlq"
+    )]
+    Failed {
+        /// The exchange, or the routing key when the exchange is the default one.
+        destination: String,
+        /// The request's `x-acemq-correlation`.
+        correlation_id: String,
+        /// The responder's reason (`acemq-error`).
+        reason: String,
+    },
     /// The request could not be published (see the inner error for whether it is in doubt
     /// and what to do).
     #[error("the request was not sent: {0}")]
@@ -125,6 +144,35 @@ impl RequestError {
     /// Whether this is a timeout (the request may still be processed).
     pub fn is_timeout(&self) -> bool {
         matches!(self, RequestError::TimedOut { .. })
+    }
+
+    /// What kind of failure this is, as [`Error::kind`](crate::Error::kind) sorts its own:
+    /// a timeout is [`InDoubt`](crate::error::ErrorKind::InDoubt) (the request may still
+    /// be processed), a fault reply [`Refused`](crate::error::ErrorKind::Refused), a reply
+    /// that does not decode [`Invalid`](crate::error::ErrorKind::Invalid), a publish
+    /// failure its own kind, a closed requester
+    /// [`Closed`](crate::error::ErrorKind::Closed).
+    ///
+    /// ```
+    /// use acemq::error::ErrorKind;
+    /// use acemq::request::RequestError;
+    /// assert_eq!(RequestError::Closed.kind(), ErrorKind::Closed);
+    /// let failed = RequestError::Failed {
+    ///     destination: "prices".into(),
+    ///     correlation_id: "c-1".into(),
+    ///     reason: "no price for tea".into(),
+    /// };
+    /// assert_eq!(failed.kind(), ErrorKind::Refused);
+    /// ```
+    pub fn kind(&self) -> crate::error::ErrorKind {
+        use crate::error::ErrorKind;
+        match self {
+            RequestError::TimedOut { .. } => ErrorKind::InDoubt,
+            RequestError::Failed { .. } => ErrorKind::Refused,
+            RequestError::Publish(e) => e.kind(),
+            RequestError::Reply { .. } => ErrorKind::Invalid,
+            RequestError::Closed => ErrorKind::Closed,
+        }
     }
 }
 

@@ -25,6 +25,9 @@ pub enum RequestOutcome {
     Answered,
     /// No reply within the timeout.
     TimedOut,
+    /// The responder answered with a fault reply (`acemq-error`): its handler failed.
+    /// Go's name for the outcome.
+    Failed,
 }
 
 impl RequestOutcome {
@@ -33,6 +36,7 @@ impl RequestOutcome {
         match self {
             RequestOutcome::Answered => "answered",
             RequestOutcome::TimedOut => "timed_out",
+            RequestOutcome::Failed => "failed",
         }
     }
 }

@@ -32,6 +32,8 @@ const ACK_RUN: u16 = super::REPLY_PREFETCH / 2;
 pub(super) struct Reply {
     pub(super) content_type: Option<String>,
     pub(super) body: Bytes,
+    /// A fault reply's `acemq-error`: the responder's handler failed.
+    pub(super) error: Option<String>,
 }
 
 /// State shared by a requester's handles and its reply loop.
@@ -40,6 +42,7 @@ pub(super) struct Shared {
     pub(super) decl: QueueDecl,
     waiters: Mutex<Option<HashMap<String, oneshot::Sender<Reply>>>>,
     pub(super) answered: AtomicU64,
+    pub(super) failed: AtomicU64,
     pub(super) timed_out: AtomicU64,
     pub(super) unmatched: AtomicU64,
     /// Why the reply queue is not consumed right now (`None` while it is).
@@ -53,6 +56,7 @@ impl Shared {
             decl,
             waiters: Mutex::new(Some(HashMap::new())),
             answered: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
             timed_out: AtomicU64::new(0),
             unmatched: AtomicU64::new(0),
             lost: Mutex::new(None),
@@ -93,6 +97,12 @@ impl Shared {
         let reply = Reply {
             content_type: d.properties.content_type.clone(),
             body: d.body.clone(),
+            error: d
+                .properties
+                .headers
+                .get(envelope::REPLY_ERROR)
+                .and_then(HeaderValue::as_str)
+                .map(str::to_owned),
         };
         // A waiter whose request was given up between the lookup and now is unmatched too.
         if waiter.is_none_or(|w| w.send(reply).is_err()) {

@@ -31,6 +31,9 @@ use crate::util::lock;
 pub struct RequesterStats {
     /// Requests whose reply came in time.
     pub answered: u64,
+    /// Requests answered with a fault reply: the responder's handler failed
+    /// ([`RequestError::Failed`]).
+    pub failed: u64,
     /// Requests that timed out.
     pub timed_out: u64,
     /// Replies that matched no waiting request (late, or their request was dropped):
@@ -125,6 +128,7 @@ impl Requester {
         let s = &self.inner.shared;
         RequesterStats {
             answered: s.answered.load(Ordering::Relaxed),
+            failed: s.failed.load(Ordering::Relaxed),
             timed_out: s.timed_out.load(Ordering::Relaxed),
             unmatched: s.unmatched.load(Ordering::Relaxed),
             pending: s.pending(),
@@ -137,7 +141,9 @@ impl Requester {
     /// The request is a normal confirmed, mandatory publish (refused while publishing is
     /// paused, unroutable is an error) whose envelope type is `Req`'s simple name, with a
     /// fresh `x-acemq-correlation` and the reply queue in `acemq-reply-to` and `reply_to`.
-    /// `timeout` bounds the whole call, publish included.
+    /// `timeout` bounds the whole call, publish included, and is the request's
+    /// `expiration` too (whole milliseconds): a request still queued when its caller gave
+    /// up is dropped by the broker instead of being processed for nobody.
     ///
     /// Cancel-safe: dropping the future gives its place back at once; a reply that comes
     /// later is counted as unmatched and dropped.
@@ -145,6 +151,7 @@ impl Requester {
     /// # Errors
     ///
     /// [`RequestError::TimedOut`] (the request may still be processed),
+    /// [`RequestError::Failed`] (the responder's handler failed and said why),
     /// [`RequestError::Publish`], [`RequestError::Reply`] (the reply does not decode),
     /// [`RequestError::Closed`].
     pub async fn request<Req, Resp>(
@@ -228,10 +235,13 @@ impl Requester {
             routing_key.into(),
             codec.clone(),
         );
-        let options = SendOptions::new()
+        let mut options = SendOptions::new()
             .correlation_id(correlation_id.clone())
             .reply_to(shared.queue())
             .message_type(message_type.clone());
+        if timeout >= Duration::from_millis(1) {
+            options = options.expiration(timeout);
+        }
         let exchange_and_wait = async {
             publisher
                 .send_with(request, options)
@@ -267,6 +277,22 @@ impl Requester {
                 });
             }
         };
+        if let Some(reason) = reply.error {
+            shared.failed.fetch_add(1, Ordering::Relaxed);
+            record(
+                routing_key,
+                &message_type,
+                transport,
+                RequestOutcome::Failed,
+                started.elapsed(),
+            );
+            trace::record_outcome(&span, RequestOutcome::Failed.as_str(), true);
+            return Err(RequestError::Failed {
+                destination: destination.to_owned(),
+                correlation_id,
+                reason,
+            });
+        }
         shared.answered.fetch_add(1, Ordering::Relaxed);
         record(
             routing_key,

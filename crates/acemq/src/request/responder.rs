@@ -2,8 +2,10 @@
 //!
 //! The responder is a consume handler wrapper: [`start`] hands the consume machinery a
 //! handler that reads the reply address, runs the application's handler, and publishes
-//! its answer. A failure of the application's handler, or a reply that could not be
-//! published, is an ordinary handler failure: the consumer's retry policy decides.
+//! its answer. A failure of the application's handler that the consumer's retry policy
+//! would retry is returned as it is; a final one (see [`is_final`]) is answered with a
+//! fault reply (`acemq-error`, empty body) before the consumer dead-letters or parks the
+//! request. A reply that could not be published is an ordinary, retried failure.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -11,13 +13,20 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tracing::Instrument;
 
 use super::simple_type_name;
+use crate::codec::RawBytes;
 use crate::codec::{Decoder, Encoder};
-use crate::consume::{Consumer, ConsumerOptions, ConsumerStats, Handler, HandlerError, Message};
+use crate::consume::handler::Kind;
+use crate::consume::{
+    Consumer, ConsumerOptions, ConsumerStats, Handler, HandlerError, Message, bounded,
+    retried_under,
+};
 use crate::engine::Engine;
+use crate::envelope::REPLY_ERROR;
 use crate::error::Error;
 use crate::observe::metrics::PublishOutcome;
 use crate::observe::trace::{self, TraceContext};
 use crate::publish::{SendOptions, prepare};
+use crate::retry::RetryPolicy;
 use crate::transport::{Confirmation, Outbound, TransportError};
 
 /// Counts of a responder's requests so far.
@@ -31,6 +40,9 @@ pub struct ResponderStats {
     /// Replies the broker could not route (the reply queue is gone: its requester closed
     /// or expired). The request is acked: no requester is left to answer.
     pub undeliverable: u64,
+    /// Final handler failures answered with a fault reply (`acemq-error`); each request
+    /// went on to `.dlq` (or `.parked`).
+    pub faulted: u64,
 }
 
 #[derive(Debug, Default)]
@@ -38,6 +50,7 @@ struct Counts {
     answered: AtomicU64,
     unanswerable: AtomicU64,
     undeliverable: AtomicU64,
+    faulted: AtomicU64,
 }
 
 /// A running responder (see the [module docs](crate::request)). Like a consumer, it runs
@@ -68,6 +81,7 @@ impl Responder {
             answered: self.counts.answered.load(Ordering::Relaxed),
             unanswerable: self.counts.unanswerable.load(Ordering::Relaxed),
             undeliverable: self.counts.undeliverable.load(Ordering::Relaxed),
+            faulted: self.counts.faulted.load(Ordering::Relaxed),
         }
     }
 
@@ -110,6 +124,7 @@ where
     let counts = Arc::new(Counts::default());
     let handler = Arc::new(handler);
     let codec = Arc::new(codec);
+    let policy = Arc::new(options.retry_policy().cloned());
     let wrapper = {
         let (engine, counts, codec) = (engine.clone(), counts.clone(), codec.clone());
         move |m: Message<Req>| {
@@ -118,6 +133,7 @@ where
                 counts.clone(),
                 codec.clone(),
                 handler.clone(),
+                policy.clone(),
                 m,
             )
         }
@@ -126,12 +142,25 @@ where
     Ok(Responder { consumer, counts })
 }
 
-/// One request: reply address, handler, reply.
+/// Whether a handler failure is this request's last: anything but an ordinary failure
+/// (fatal, park, dead-letter), or an ordinary one the policy would not retry. Without a
+/// policy the first failure is final: a plain consumer would retry forever, long after the
+/// requester gave up. A release is never final (another instance may answer).
+fn is_final(e: &HandlerError, policy: Option<&RetryPolicy>, retried: bool) -> bool {
+    match e.kind {
+        Kind::Release => false,
+        Kind::Retry => policy.is_none() || !retried,
+        Kind::Fatal | Kind::Park | Kind::DeadLetter => true,
+    }
+}
+
+/// One request: reply address, handler, reply (or fault reply).
 async fn answer<Req, Resp, C, H>(
     engine: Arc<Engine>,
     counts: Arc<Counts>,
     codec: Arc<C>,
     handler: Arc<H>,
+    policy: Arc<Option<RetryPolicy>>,
     m: Message<Req>,
 ) -> Result<(), HandlerError>
 where
@@ -146,7 +175,20 @@ where
     };
     let request_id = m.envelope().id().to_owned();
     let correlation_id = m.envelope().correlation_id().to_owned();
-    let answer = handler.call(m).await?;
+    let policy = Option::as_ref(&policy);
+    let retried = retried_under(policy, m.envelope());
+    let answer = match handler.call(m).await {
+        Ok(answer) => answer,
+        Err(e) if is_final(&e, policy, retried) => {
+            let request = Request {
+                reply_to: &reply_to,
+                correlation_id: &correlation_id,
+                request_id: &request_id,
+            };
+            return fault(&engine, &counts, request, e, policy.is_none()).await;
+        }
+        Err(e) => return Err(e),
+    };
     // Counted before the publish (a requester may see the reply before this returns),
     // given back when it fails.
     counts.answered.fetch_add(1, Ordering::Relaxed);
@@ -184,6 +226,69 @@ where
             )))
         }
     }
+}
+
+/// The request a reply answers.
+struct Request<'a> {
+    reply_to: &'a str,
+    correlation_id: &'a str,
+    request_id: &'a str,
+}
+
+/// Answers a final handler failure with a fault reply, then hands the failure back for the
+/// consumer to dead-letter (or park) the request. Without a policy an ordinary failure
+/// becomes a dead-letter request, so the consumer does not retry it forever. A fault reply
+/// that could not be published is an ordinary failure: the request comes back.
+async fn fault(
+    engine: &Engine,
+    counts: &Counts,
+    request: Request<'_>,
+    e: HandlerError,
+    no_policy: bool,
+) -> Result<(), HandlerError> {
+    let reason = bounded(e.reason().to_owned());
+    let reply_to = request.reply_to;
+    let options = SendOptions::new()
+        .correlation_id(request.correlation_id)
+        .causation_id(request.request_id)
+        .message_type("Fault")
+        .header(REPLY_ERROR, reason.as_str());
+    let sent = match prepare(&RawBytes, "", reply_to, &[][..], options, &engine.origin) {
+        Ok(out) => {
+            let (ctx, parent) = TraceContext::for_publish();
+            let mut out = out;
+            ctx.inject(&mut out.properties.headers);
+            let id = out.properties.message_id.as_deref().unwrap_or_default();
+            let span = trace::publish_span("", reply_to, id, "Fault", &ctx, parent.as_ref());
+            publish_reply(engine, Reply { out, span }).await
+        }
+        Err(e) => Err(e.into()),
+    };
+    match sent {
+        Ok(Confirmation::Routed) => {
+            counts.faulted.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(Confirmation::Unroutable { reply_text, .. }) => {
+            counts.undeliverable.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(%reply_to, request = %request.request_id, %reply_text, "the reply queue is gone; fault reply dropped");
+        }
+        Ok(Confirmation::Nacked) => {
+            return Err(HandlerError::retry(format!(
+                "the broker nacked the fault reply to {reply_to}"
+            )));
+        }
+        Err(err) => {
+            return Err(HandlerError::retry(format!(
+                "the fault reply to {reply_to} could not be published: {err}"
+            )));
+        }
+    }
+    if no_policy && e.kind == Kind::Retry {
+        return Err(HandlerError::dead_letter(format!(
+            "the responder failed (a fault reply was sent): {reason}"
+        )));
+    }
+    Err(e)
 }
 
 /// Why a reply was not sent.

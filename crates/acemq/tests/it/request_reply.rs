@@ -2,8 +2,9 @@
 //! trip, the wire form of a request and of a reply (Java §2.9: `acemq-reply-to` and
 //! `reply_to`, correlation copied, causation = the request's id), timeouts and late replies,
 //! a request without a reply address, cancel-safety, 1,000 concurrent requests, a handler
-//! failure retried under the responder's policy, metrics and the CLIENT span, and requests
-//! in flight across a lost connection.
+//! failure retried under the responder's policy, a final one answered with a fault reply
+//! (`acemq-error`) and dead-lettered, a request that expires with its timeout, metrics and
+//! the CLIENT span, and requests in flight across a lost connection.
 
 use crate::support;
 
@@ -143,6 +144,11 @@ async fn the_request_carries_the_reply_address_twice_and_a_fresh_correlation() {
         assert!(p.headers.contains_key("x-acemq-first-seen"));
         assert!(header(p, "traceparent").is_some());
         assert_eq!(p.message_id.as_deref(), Some(id));
+        assert_eq!(
+            p.expiration.as_deref(),
+            Some("20000"),
+            "the request expires with its timeout"
+        );
         assert_eq!(support::body(&d), r#"{"n":1}"#);
         done(&mq, &q, &requester).await;
     })
@@ -691,6 +697,153 @@ async fn a_text_request_is_answered_in_text_by_a_text_responder() {
         for name in [&unanswered, &replies] {
             let _ = t.delete_queue(name).await;
         }
+        done(&mq, &q, &requester).await;
+    })
+    .await;
+}
+
+/// A responder on `q` whose handler fails every request: `n == 1` with an ordinary
+/// (retried) error, `n == 2` fatally; counts its runs per `n`.
+async fn failing(
+    mq: &Connection,
+    q: &str,
+    options: ConsumerOptions,
+    runs: Arc<[AtomicU32; 3]>,
+) -> acemq::request::Responder {
+    mq.respond(q, options, move |m: Message<Ping>| {
+        let runs = runs.clone();
+        async move {
+            let n = m.payload().n;
+            runs[n as usize].fetch_add(1, Ordering::SeqCst);
+            match n {
+                1 => Err::<Pong, _>(HandlerError::retry("no price for tea")),
+                _ => Err(HandlerError::fatal("tea is not sold here")),
+            }
+        }
+    })
+    .await
+    .expect("responder starts")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_final_handler_failure_goes_back_as_a_fault_reply_and_the_request_to_dlq() {
+    support::on_each_target(|target| async move {
+        let (mq, q) = support::connect_with_classic_queue(&target, "rr-fault").await;
+        let runs: Arc<[AtomicU32; 3]> = Arc::default();
+        let policy = RetryPolicy::fixed(2, Duration::from_millis(20)).unwrap();
+        let responder = failing(
+            &mq,
+            &q,
+            ConsumerOptions::default().retry(policy),
+            runs.clone(),
+        )
+        .await;
+        let requester = mq.requester().await.unwrap();
+        for (n, reason, tries) in [(1, "no price for tea", 2), (2, "tea is not sold here", 1)] {
+            let started = std::time::Instant::now();
+            let e = requester
+                .request::<Ping, Pong>("", &q, &Ping { n }, LONG)
+                .await
+                .unwrap_err();
+            match &e {
+                RequestError::Failed {
+                    reason: r,
+                    destination,
+                    ..
+                } => {
+                    assert_eq!((r.as_str(), destination.as_str()), (reason, q.as_str()));
+                }
+                other => panic!("expected a fault reply, got {other:?}"),
+            }
+            assert!(started.elapsed() < LONG / 2, "answered, not timed out");
+            assert_eq!(e.kind(), acemq::error::ErrorKind::Refused);
+            assert!(e.to_string().contains(".dlq"), "{e}");
+            assert_eq!(
+                runs[n as usize].load(Ordering::SeqCst),
+                tries,
+                "request {n}: the policy's attempts first, then the fault"
+            );
+        }
+        let t = mq.transport().clone();
+        support::eventually(LONG, "both requests in .dlq", || async {
+            let info = t.inspect_queue(&format!("{q}.dlq")).await.ok()?;
+            (info.message_count == 2).then_some(())
+        })
+        .await;
+        let dead = support::take_one(&*t, &format!("{q}.dlq"), LONG).await;
+        assert!(
+            header(&dead.properties, "x-acemq-error")
+                .is_some_and(|r| r.contains("no price for tea")),
+            "{:?}",
+            dead.properties.headers
+        );
+        assert_eq!(responder.stats().faulted, 2);
+        assert_eq!(responder.stats().answered, 0);
+        let s = requester.stats();
+        assert_eq!((s.failed, s.answered, s.timed_out, s.pending), (2, 0, 0, 0));
+        responder.close().await;
+
+        // Without a retry policy the first failure is final: a fault reply, then .dlq
+        // (a plain consumer would retry it forever, long after the caller gave up).
+        let runs: Arc<[AtomicU32; 3]> = Arc::default();
+        let responder = failing(&mq, &q, ConsumerOptions::default(), runs.clone()).await;
+        let e = requester
+            .request::<Ping, Pong>("", &q, &Ping { n: 1 }, LONG)
+            .await
+            .unwrap_err();
+        assert!(matches!(e, RequestError::Failed { .. }), "{e:?}");
+        assert_eq!(runs[1].load(Ordering::SeqCst), 1);
+        support::eventually(LONG, "the third request in .dlq", || async {
+            let info = t.inspect_queue(&format!("{q}.dlq")).await.ok()?;
+            (info.message_count == 2 && responder.consumer_stats().dead_lettered == 1).then_some(())
+        })
+        .await;
+        assert_eq!(responder.consumer_stats().retried, 0, "not retried");
+        responder.close().await;
+        done(&mq, &q, &requester).await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_expires_with_its_timeout_and_is_not_handled_after_its_caller_gave_up() {
+    support::on_each_target(|target| async move {
+        let (mq, q) = support::connect_with_classic_queue(&target, "rr-expire").await;
+        let requester = mq.requester().await.unwrap();
+        // Nobody answers yet: the caller gives up after 300 ms.
+        let e = requester
+            .request::<Ping, Pong>("", &q, &Ping { n: 1 }, Duration::from_millis(300))
+            .await
+            .unwrap_err();
+        assert!(e.is_timeout(), "{e:?}");
+        assert_eq!(e.kind(), acemq::error::ErrorKind::InDoubt);
+        let t = mq.transport().clone();
+        support::eventually(LONG, "the stale request gone from the queue", || async {
+            let info = t.inspect_queue(&q).await.ok()?;
+            (info.message_count == 0).then_some(())
+        })
+        .await;
+        // A responder that starts now handles only the fresh request.
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let s = seen.clone();
+        let responder = mq
+            .respond(&q, ConsumerOptions::default(), move |m: Message<Ping>| {
+                s.lock().unwrap().push(m.payload().n);
+                async move { Ok(Pong { n: m.payload().n }) }
+            })
+            .await
+            .unwrap();
+        let pong: Pong = requester
+            .request("", &q, &Ping { n: 2 }, LONG)
+            .await
+            .unwrap();
+        assert_eq!(pong.n, 2);
+        assert_eq!(
+            *seen.lock().unwrap(),
+            [2],
+            "the expired request was never handled"
+        );
+        responder.close().await;
         done(&mq, &q, &requester).await;
     })
     .await;

@@ -310,6 +310,17 @@ pub(crate) fn failure<R: Rng + ?Sized>(
     }
 }
 
+/// Whether an ordinary failure of a delivery with this envelope would be retried under
+/// `policy` (`None`: no policy, which a plain consumer retries forever). A responder asks
+/// before it answers a failure: the last one goes back to the requester as a fault reply.
+pub(crate) fn retried_under(policy: Option<&RetryPolicy>, envelope: &Envelope) -> bool {
+    let facts = Facts::of(envelope);
+    policy.is_none_or(|p| {
+        p.next_wait_with(&mut rand::rng(), facts.spent(), facts.age)
+            .is_some()
+    })
+}
+
 /// Cuts a reason to [`MAX_REASON_BYTES`] on a character boundary, with a marker.
 pub(crate) fn bounded(reason: String) -> String {
     const MARKER: &str = "... [truncated]";
