@@ -21,7 +21,9 @@
 //!   in `{queue}.dlq` (or `.parked`). A failure the policy retries is retried. The reply address is read from the
 //!   `acemq-reply-to` header first and the `reply_to` property second; the reply goes
 //!   through the default exchange with the request's `x-acemq-correlation` and
-//!   `x-acemq-causation` = the request's id, mandatory and confirmed. A request with no
+//!   `x-acemq-causation` = the request's id, mandatory and confirmed, and transient
+//!   (delivery mode 1): a reply is worth nothing once its requester gave up, and a
+//!   persistent one would be written to disk by the broker (the reply queue is durable). A request with no
 //!   reply address is acked without running the handler and counted *unanswerable*.
 //!
 //! Observability: `acemq.request.duration` (histogram, seconds) and `acemq.request.total`

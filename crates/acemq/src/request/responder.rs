@@ -252,6 +252,7 @@ async fn fault(
         .correlation_id(request.correlation_id)
         .causation_id(request.request_id)
         .message_type("Fault")
+        .persistent(false)
         .header(REPLY_ERROR, reason.as_str());
     let sent = match prepare(&RawBytes, "", reply_to, &[][..], options, &engine.origin) {
         Ok(out) => {
@@ -321,7 +322,8 @@ fn build_reply<Resp, C: Encoder<Resp>>(
     let options = SendOptions::new()
         .correlation_id(correlation_id)
         .causation_id(request_id)
-        .message_type(message_type.clone());
+        .message_type(message_type.clone())
+        .persistent(false);
     let mut out = prepare(codec, "", reply_to, answer, options, &engine.origin)?;
     let (ctx, parent) = TraceContext::for_publish();
     ctx.inject(&mut out.properties.headers);

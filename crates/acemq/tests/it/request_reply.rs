@@ -185,6 +185,11 @@ async fn a_raw_request_with_only_the_reply_to_property_is_answered_with_correlat
         let reply_id = header(p, "x-acemq-id").expect("a reply id");
         assert_ne!(reply_id, "req-1");
         assert!(p.reply_to.is_none() && !p.headers.contains_key("acemq-reply-to"));
+        assert_eq!(
+            p.delivery_mode,
+            Some(1),
+            "a reply is transient: it is worth nothing once its requester gave up"
+        );
         assert_eq!(support::body(&reply), r#"{"n":10}"#);
         assert_eq!(responder.stats().answered, 1);
         let _ = t.delete_queue(&replies).await;
