@@ -16,7 +16,9 @@
 #      RabbitMQ transport)
 #   5. cargo run -p acemq --example quickstart, on memory:// and on RabbitMQ (ACEMQ_URL);
 #      the examples/ that need no services, on memory://; the operator console in headless
-#      Chromium (Debian's chromium and chromium-driver, installed as root when missing)
+#      Chromium (Debian's chromium and chromium-driver, installed as root when missing);
+#      scripts/instructions.sh: memory://'s instructions per message under callgrind
+#      (valgrind, installed as root when missing) within their budgets
 #   6. one at a time: the serial tests (`--ignored` in acemq's `serial` test binary), then
 #      the recovery drills, which stop the broker, force-close connections and start a
 #      local 3-node cluster (scripts/cluster.sh) and a TLS node (scripts/tls-node.sh); a
@@ -161,6 +163,23 @@ if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
     { echo "test.sh: apt-get install chromium chromium-driver failed" >&2; exit 1; }
 fi
 cargo test -p acemq-cli --all-features --test it -- --ignored console_browser
+
+# The per-message cost of memory:// publish + consume and of a request/reply round trip,
+# counted in instructions under callgrind (repeatable where timings are not): a 2x
+# regression fails here. A release build of acemq-bench.
+step "scripts/instructions.sh (instructions per message under callgrind)"
+if ! command -v valgrind >/dev/null; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "test.sh: valgrind missing; run: sudo apt-get install -y valgrind" >&2
+    exit 1
+  fi
+  echo "installing valgrind"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y -qq valgrind >/dev/null 2>&1 ||
+    { apt-get update -qq >/dev/null && apt-get install -y -qq valgrind >/dev/null; } ||
+    { echo "test.sh: apt-get install valgrind failed" >&2; exit 1; }
+fi
+scripts/instructions.sh
 
 # --- serial tests and drills: one at a time, after the parallel tests -------------------
 # Put the broker back whatever happens: the app running, the watermark at 0.4, the local

@@ -50,6 +50,10 @@ struct Args {
     /// Print every run's numbers as it finishes.
     #[arg(long)]
     verbose: bool,
+    /// Only the `memory://` rows (scenario 5, and scenario 7's memory row): no broker is
+    /// needed. What `scripts/instructions.sh` counts instructions of.
+    #[arg(long)]
+    memory_only: bool,
     /// Only the codec-wrapper scenarios (encryption, claim check): encode + decode rates,
     /// no broker (`--messages`, default 20,000, and `--size` apply).
     #[arg(long)]
@@ -172,7 +176,8 @@ async fn bench(mut args: Args) -> Result<()> {
     let needs_broker = scenarios
         .iter()
         .any(|s| s.has_raw() || *s == Scenario::Waits)
-        && !args.queues.is_empty();
+        && !args.queues.is_empty()
+        && !args.memory_only;
     let broker = if needs_broker {
         Some(Broker::connect(&args.url).await?)
     } else {

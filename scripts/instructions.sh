@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Guards the per-message cost of memory:// with instruction counts (valgrind callgrind),
+# which a noisy machine does not move: the same binary and input give about the same
+# count, where a timing would swing by 2x.
+#
+# For each path it runs acemq-bench twice under callgrind, with N and 2N messages, and
+# takes (I(2N) - I(N)) / N: the instructions one more message costs, with start-up and
+# tear-down cancelled out. It fails when a path costs more than its budget, set at about
+# twice the figure measured when the budget was last lowered (crates/acemq-bench/README.md,
+# "Instructions per message"), so a 2x regression fails CI and noise does not.
+#
+#   scripts/instructions.sh            # build the bench (release) and check
+#   ACEMQ_INSTRUCTIONS_BUILD=0 scripts/instructions.sh   # use the binary already built
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+# Budgets, in instructions per message (publish + consume) and per round trip.
+MEMORY_BUDGET=110000
+REQUEST_REPLY_BUDGET=390000
+
+if ! command -v valgrind >/dev/null; then
+  echo "instructions.sh: valgrind is not installed (apt-get install valgrind)" >&2
+  exit 1
+fi
+if [[ "${ACEMQ_INSTRUCTIONS_BUILD:-1}" == 1 ]]; then
+  cargo build -q --release -p acemq-bench
+fi
+bench="${CARGO_TARGET_DIR:-target}/release/acemq-bench"
+out="$(mktemp -d)"
+trap 'rm -rf "$out"' EXIT
+
+# Instructions of one run: the `summary:` line callgrind writes at the end of its file.
+count() {
+  local scenario=$1 n=$2 file="$out/$1.$2"
+  valgrind --tool=callgrind --callgrind-out-file="$file" "$bench" \
+    --scenarios "$scenario" --memory-only --rounds 1 --messages "$n" >/dev/null 2>&1
+  awk '/^summary:/ { print $2 }' "$file"
+}
+
+failed=0
+check() {
+  local scenario=$1 n=$2 budget=$3 what=$4
+  local one two per
+  one=$(count "$scenario" "$n")
+  two=$(count "$scenario" $((2 * n)))
+  per=$(((two - one) / n))
+  printf 'instructions.sh: %-32s %8d instructions (budget %d; %d then %d in all)\n' \
+    "$what" "$per" "$budget" "$one" "$two"
+  if ((per > budget)); then
+    echo "instructions.sh: $what costs $per instructions, over its budget of $budget: find what grew (callgrind_annotate, see crates/acemq-bench/README.md)" >&2
+    failed=1
+  fi
+}
+
+check memory 5000 "$MEMORY_BUDGET" "memory:// publish + consume, per msg"
+check request-reply 1000 "$REQUEST_REPLY_BUDGET" "memory:// request/reply, per trip"
+exit "$failed"
