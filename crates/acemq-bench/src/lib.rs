@@ -13,6 +13,8 @@ mod ace;
 pub mod codecs;
 mod raw;
 mod request;
+/// How cost grows with scale (`--scale`).
+pub mod scale;
 mod scenario;
 mod stats;
 mod wait;

@@ -58,6 +58,11 @@ struct Args {
     /// no broker (`--messages`, default 20,000, and `--size` apply).
     #[arg(long)]
     wrappers: bool,
+    /// Run the scale scenarios instead (how cost grows: 100 and 1,000 consumers and
+    /// consumer topologies, on memory:// and on the broker when it is reachable; 1,000 and
+    /// 10,000 outstanding confirms on the broker, beside raw lapin).
+    #[arg(long)]
+    scale: bool,
     /// Run the codec scenarios instead (encode + decode per codec, JSON as the baseline,
     /// no broker; `--messages` per codec, default 20,000).
     #[arg(long)]
@@ -153,6 +158,33 @@ async fn bench(mut args: Args) -> Result<()> {
             .messages
             .unwrap_or(if args.quick { 100 } else { 20_000 });
         for row in acemq_bench::wrappers::run(n, args.size)? {
+            println!("{}", row.line());
+        }
+        return Ok(());
+    }
+    if args.scale {
+        let broker = if args.memory_only {
+            None
+        } else {
+            match Broker::connect(&args.url).await {
+                Ok(b) => Some(b),
+                Err(e) => {
+                    eprintln!("no broker at the URL ({e}): memory:// only");
+                    None
+                }
+            }
+        };
+        let (sizes, confirms) = if args.quick {
+            ([10, 100], [100, 1_000])
+        } else {
+            ([100, 1_000], [1_000, 10_000])
+        };
+        let rows =
+            acemq_bench::scale::run(broker.as_ref().map(|b| (&b.acemq, &b.raw)), sizes, confirms)
+                .await?;
+        println!("| {:<44} | {:<66} | growth |", "measure", "at each size n");
+        println!("|{}|{}|--------|", "-".repeat(46), "-".repeat(68));
+        for row in &rows {
             println!("{}", row.line());
         }
         return Ok(());

@@ -92,3 +92,28 @@ fn percentiles_use_nearest_rank() {
     let body = serde_json::to_vec(&acemq_bench::Payload::new(7, 256)).unwrap();
     assert_eq!(body.len(), 256);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_scale_scenarios_run() {
+    let url = broker_url();
+    let broker = match &url {
+        Some(url) => Some(Broker::connect(url).await.expect("connect")),
+        None => None,
+    };
+    let rows = acemq_bench::scale::run(
+        broker.as_ref().map(|b| (&b.acemq, &b.raw)),
+        [3, 30],
+        [10, 100],
+    )
+    .await
+    .expect("the scale scenarios");
+    let expected = if broker.is_some() { 10 } else { 4 };
+    assert_eq!(rows.len(), expected, "{rows:?}");
+    for row in &rows {
+        assert_eq!(row.points.len(), 2, "{row:?}");
+        assert!(row.line().contains(&row.what));
+    }
+    if let Some(b) = broker {
+        b.close().await.expect("close");
+    }
+}

@@ -324,14 +324,52 @@ impl Declared {
 
 /// What a connection declared, in the order it first declared it, to declare again after a
 /// recovery. A redeclaration replaces the entry in place; a delete or unbind removes it.
-/// Server-named queues are not kept (they come back with a new name).
+/// Server-named queues are not kept (they come back with a new name). Indexed by target,
+/// so recording the topology of 1,000 consumers stays linear.
 #[derive(Debug, Default)]
 pub(crate) struct DeclaredTopology {
-    items: Mutex<Vec<Declared>>,
+    items: Mutex<Items>,
+}
+
+#[derive(Debug, Default)]
+struct Items {
+    list: Vec<Declared>,
+    /// The targets in `list` ([`Declared::target`]): a declaration whose target is new is
+    /// appended without a search.
+    targets: std::collections::HashSet<Target>,
+}
+
+/// What a declaration is of: an exchange or queue name, or a binding's queue, exchange and
+/// key (two bindings that differ only in their arguments share one; `same_target` tells).
+type Target = (u8, String, String, String);
+
+impl Declared {
+    fn target(&self) -> Target {
+        match self {
+            Declared::Exchange(e) => (0, e.name.clone(), String::new(), String::new()),
+            Declared::Queue(q) => (1, q.name.clone(), String::new(), String::new()),
+            Declared::Binding(b) => (
+                2,
+                b.queue.clone(),
+                b.exchange.clone(),
+                b.routing_key.clone(),
+            ),
+        }
+    }
+}
+
+impl Items {
+    fn retain(&mut self, keep: impl FnMut(&Declared) -> bool) {
+        let before = self.list.len();
+        self.list.retain(keep);
+        if self.list.len() != before {
+            self.targets = self.list.iter().map(Declared::target).collect();
+        }
+    }
 }
 
 impl DeclaredTopology {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Declared>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Items> {
         self.items.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -342,10 +380,13 @@ impl DeclaredTopology {
             return;
         }
         let mut items = self.lock();
-        match items.iter_mut().find(|x| x.same_target(&d)) {
-            Some(slot) => *slot = d,
-            None => items.push(d),
+        if !items.targets.insert(d.target())
+            && let Some(slot) = items.list.iter_mut().find(|x| x.same_target(&d))
+        {
+            *slot = d;
+            return;
         }
+        items.list.push(d);
     }
 
     pub(crate) fn forget_queue(&self, name: &str) {
@@ -370,7 +411,7 @@ impl DeclaredTopology {
     }
 
     pub(crate) fn snapshot(&self) -> Vec<Declared> {
-        self.lock().clone()
+        self.lock().list.clone()
     }
 }
 

@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
 use tokio::sync::watch;
 
+use super::bindings::{Binding, Bindings};
 use super::dispatch::Channel;
 use super::hash::FastMap;
 use super::queue::{Queue, queue_ref};
@@ -46,14 +47,6 @@ impl std::fmt::Debug for MemoryBroker {
     }
 }
 
-/// A binding of a queue to an exchange.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Binding {
-    pub queue: String,
-    pub key: String,
-    pub args: Headers,
-}
-
 /// An exchange and its bindings.
 #[derive(Debug)]
 pub(crate) struct Exchange {
@@ -62,7 +55,7 @@ pub(crate) struct Exchange {
     pub auto_delete: bool,
     /// `amq.*`: predeclared, cannot be deleted.
     pub builtin: bool,
-    pub bindings: Vec<Binding>,
+    pub bindings: Bindings,
 }
 
 /// Everything a broker holds, behind its one mutex.
@@ -234,7 +227,7 @@ impl State {
                     durable: true,
                     auto_delete: false,
                     builtin: true,
-                    bindings: Vec::new(),
+                    bindings: Bindings::default(),
                 },
             );
         }
@@ -328,7 +321,7 @@ impl State {
                 durable: decl.durable,
                 auto_delete: decl.auto_delete,
                 builtin: false,
-                bindings: Vec::new(),
+                bindings: Bindings::default(),
             },
         );
         Ok(())
@@ -421,9 +414,8 @@ impl State {
         }
         let mut emptied = Vec::new();
         for (xname, x) in &mut self.exchanges {
-            let before = x.bindings.len();
-            x.bindings.retain(|b| b.queue != name);
-            if before != x.bindings.len() && x.bindings.is_empty() && x.auto_delete {
+            let removed = x.bindings.retain(|b| b.queue != name);
+            if removed && x.bindings.is_empty() && x.auto_delete {
                 emptied.push(xname.clone());
             }
         }
@@ -438,17 +430,13 @@ impl State {
         if exchange.kind == ExchangeKind::Headers {
             routing::x_match(&binding.args)?;
         }
-        if !exchange.bindings.contains(&binding) {
-            exchange.bindings.push(binding);
-        }
+        exchange.bindings.add(binding);
         Ok(())
     }
 
     pub(crate) fn unbind(&mut self, conn: u64, decl: &BindingDecl) -> Result<(), TransportError> {
         let (binding, exchange) = self.binding(conn, decl)?;
-        let before = exchange.bindings.len();
-        exchange.bindings.retain(|b| *b != binding);
-        let emptied = before != exchange.bindings.len()
+        let emptied = exchange.bindings.retain(|b| *b != binding)
             && exchange.bindings.is_empty()
             && exchange.auto_delete;
         if emptied {
@@ -499,12 +487,19 @@ impl State {
             .get(exchange)
             .ok_or_else(|| not_found_exchange(exchange))?;
         let mut out: Vec<String> = Vec::new();
-        for b in &x.bindings {
-            if routing::binding_matches(x.kind, &b.key, &b.args, routing_key, headers)
-                && !out.contains(&b.queue)
-            {
+        let mut add = |b: &Binding| {
+            if !out.contains(&b.queue) {
                 out.push(b.queue.clone());
             }
+        };
+        if x.kind == ExchangeKind::Direct {
+            // A direct exchange matches the key exactly: only those bindings.
+            x.bindings.with_key(routing_key).for_each(&mut add);
+        } else {
+            x.bindings
+                .iter()
+                .filter(|b| routing::binding_matches(x.kind, &b.key, &b.args, routing_key, headers))
+                .for_each(&mut add);
         }
         Ok(out)
     }

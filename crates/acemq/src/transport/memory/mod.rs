@@ -53,6 +53,7 @@
 //! ```
 
 mod args;
+mod bindings;
 mod broker;
 mod channel;
 mod connection;
