@@ -67,6 +67,13 @@ fn blame(e: &StepError) -> Blame {
     }
 }
 
+/// Counts one more rerun after a contention refusal; whether it is within
+/// [`CONTENTION_RERUNS`].
+fn rerun_allowed(reruns: &mut u32) -> bool {
+    *reruns += 1;
+    *reruns <= CONTENTION_RERUNS
+}
+
 fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
     payload
         .downcast_ref::<&str>()
@@ -131,16 +138,12 @@ impl<DB: SagaDatabase, T> Inner<DB, T> {
     ) -> Result<Attempt, Error> {
         let mut reruns = 0;
         loop {
-            let refused_on_contention = |reruns: &mut u32| {
-                *reruns += 1;
-                *reruns <= CONTENTION_RERUNS
-            };
             let tx = self
                 .pool
                 .begin()
                 .await
                 .map_err(|e| interrupted(id, e.into()))?;
-            let tx = match action {
+            let mut tx = match action {
                 None => tx,
                 Some(action) => {
                     match self
@@ -150,7 +153,7 @@ impl<DB: SagaDatabase, T> Inner<DB, T> {
                         Ok(tx) => tx,
                         Err(e) => match blame(&e) {
                             Blame::Step => return Ok(Attempt::Refused(clip(e.to_string()))),
-                            Blame::Contention if refused_on_contention(&mut reruns) => {
+                            Blame::Contention if rerun_allowed(&mut reruns) => {
                                 tracing::debug!(saga = %self.name, id, error = %e, "saga step refused on contention; running it again");
                                 continue;
                             }
@@ -164,7 +167,6 @@ impl<DB: SagaDatabase, T> Inner<DB, T> {
                     }
                 }
             };
-            let mut tx = tx;
             let outcome = match DB::execute(&mut *tx, log.clone(), log_args()).await {
                 Ok(1) => tx.commit().await.map(|()| true),
                 Ok(_) => Ok(false),
@@ -173,7 +175,7 @@ impl<DB: SagaDatabase, T> Inner<DB, T> {
             match outcome {
                 Ok(true) => return Ok(Attempt::Applied),
                 Ok(false) => return Err(Error::SagaTakenOver { id: id.to_owned() }),
-                Err(e) if contention(&e) && refused_on_contention(&mut reruns) => continue,
+                Err(e) if contention(&e) && rerun_allowed(&mut reruns) => continue,
                 Err(e) => return Err(interrupted(id, e.into())),
             }
         }
