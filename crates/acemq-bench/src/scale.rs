@@ -1,6 +1,7 @@
 //! How cost grows with scale (`--scale`): each measure taken at two sizes, ten times apart,
 //! with the cost per item at each, so a cost that grows worse than linearly shows as a
-//! per-item figure that grows ([`Growth::linear`] is false when it more than doubles).
+//! per-item figure that grows ([`Growth::linear`](crate::scale::Growth::linear) is false
+//! when it more than doubles).
 //!
 //! * **consumers**: `n` AceMQ consumers on one connection, each on its own queue: the time
 //!   to start them all (each declares its `.dlq` and `.parked`), the resident memory they
