@@ -8,16 +8,21 @@
 //!   add, and the CPU they burn over two idle seconds;
 //! * **topology**: the consumer topology (queue, `.dlq`, `.parked`, a retry rung and their
 //!   bindings) of `n` queues, declared with `Connection::declare`;
+//! * **waits**: `n` deliveries each failing once and waiting 2 s in the consumer at the same
+//!   time (prefetch `n`, one handler at a time): the wall time until all are handled (about
+//!   2 s whatever `n`, since the waits overlap) and the CPU they cost;
 //! * **outstanding confirms**: `n` publishes sent at once and their confirms awaited, AceMQ
 //!   (`send_all`) beside raw lapin (publish all, then await every `PublisherConfirm`).
 //!
-//! The first two run on `memory://` and, when a broker is reachable, on RabbitMQ; the
+//! The first three run on `memory://` and, when a broker is reachable, on RabbitMQ; the
 //! third on RabbitMQ only. Queues are named `acemq-bench.scale.{pid}.…` and deleted after.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use acemq::Connection;
-use acemq::consume::{ConsumerOptions, Message};
+use acemq::consume::{ConsumerOptions, HandlerError, Message};
 use acemq::retry::RetryPolicy;
 use acemq::topology::{QueueDecl, Topology};
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
@@ -143,6 +148,55 @@ async fn topology(mq: &Connection, n: u64) -> Result<f64> {
     Ok(took.as_secs_f64() * 1e3)
 }
 
+/// `n` deliveries failing once, all waiting 2 s in the consumer at once (prefetch `n`,
+/// concurrency 1): `(ms until all are handled, ms of CPU)`.
+async fn waits(mq: &Connection, n: u64) -> Result<(f64, f64)> {
+    let q = queue_name("waits", n);
+    mq.transport()
+        .declare_queue(&QueueDecl::classic(&q))
+        .await?;
+    let payloads: Vec<Payload> = (0..n).map(|s| Payload::new(s, 256)).collect();
+    mq.publisher::<Payload>("", &q).send_all(&payloads).await?;
+    let handled = Arc::new(AtomicU64::new(0));
+    let counted = handled.clone();
+    let prefetch = u16::try_from(n).unwrap_or(u16::MAX);
+    let clock = Clock::start();
+    let consumer = mq
+        .consume(
+            &q,
+            ConsumerOptions::default()
+                .prefetch(prefetch)
+                .concurrency(1)
+                .retry(RetryPolicy::fixed(2, Duration::from_secs(2))?),
+            move |m: Message<Payload>| {
+                let counted = counted.clone();
+                async move {
+                    if m.attempt() < 2 {
+                        return Err(HandlerError::retry("fails once"));
+                    }
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    Ok(())
+                }
+            },
+        )
+        .await?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while handled.load(Ordering::SeqCst) < n {
+        if Instant::now() > deadline {
+            return Err(format!(
+                "waits: {} of {n} handled in 60 s",
+                handled.load(Ordering::SeqCst)
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let span = clock.elapsed();
+    consumer.close().await;
+    delete_all(mq, &[q]).await;
+    Ok((span.wall.as_secs_f64() * 1e3, span.cpu.as_secs_f64() * 1e3))
+}
+
 /// `n` publishes at once, every confirm awaited: ms, AceMQ then raw.
 async fn confirms(mq: &Connection, raw: &lapin::Connection, n: u64) -> Result<(f64, f64)> {
     let q = queue_name("confirms", n);
@@ -223,6 +277,16 @@ pub async fn run(
             unit: "ms",
             points: Vec::new(),
         };
+        let mut waited = Growth {
+            what: format!("{name}: n waiting 2 s at once, until handled"),
+            unit: "ms",
+            points: Vec::new(),
+        };
+        let mut waits_cpu = Growth {
+            what: format!("{name}: n waiting 2 s at once, CPU"),
+            unit: "ms",
+            points: Vec::new(),
+        };
         for n in sizes {
             let (took, added, burnt) = consumers(mq, n).await?;
             let per = |x: f64| x / n as f64;
@@ -231,8 +295,11 @@ pub async fn run(
             idle.points.push((n, burnt, per(burnt)));
             let took = topology(mq, n).await?;
             declare.points.push((n, took, per(took)));
+            let (wall, cpu) = waits(mq, n).await?;
+            waited.points.push((n, wall, per(wall)));
+            waits_cpu.points.push((n, cpu, per(cpu)));
         }
-        out.extend([start, rss, idle, declare]);
+        out.extend([start, rss, idle, declare, waited, waits_cpu]);
     }
     if let Some((mq, raw)) = broker {
         let mut ace = Growth {

@@ -107,7 +107,7 @@ async fn the_scale_scenarios_run() {
     )
     .await
     .expect("the scale scenarios");
-    let expected = if broker.is_some() { 10 } else { 4 };
+    let expected = if broker.is_some() { 14 } else { 6 };
     assert_eq!(rows.len(), expected, "{rows:?}");
     for row in &rows {
         assert_eq!(row.points.len(), 2, "{row:?}");
