@@ -92,19 +92,33 @@ pub async fn consume_always_failing(
     (consumer, seen)
 }
 
+/// What [`assert_runs_equal_attempts`] expects of each message: its handler runs, one per
+/// attempt, and how many messages may have one retry hop delivered twice.
+#[derive(Clone, Copy, Debug)]
+pub struct Expected {
+    pub attempts: i32,
+    pub duplicated_hops: u32,
+}
+
 /// Waits until the messages `ids` of `q` have all ended in `{q}.dlq` and nothing of them
 /// is left anywhere (the consumer holds none, `q` is empty), then asserts each one's
-/// handler ran exactly `attempts` times, with attempts 1..=attempts, and `{q}.dlq` holds
-/// exactly one copy of each.
+/// handler ran exactly `expected.attempts` times, with attempts 1..=attempts, and `{q}.dlq` holds
+/// exactly one copy of each — except for at most `expected.duplicated_hops` messages whose runs
+/// repeat a tail of their attempts once (a retry hop delivered twice: `[1, 2, 3, 2, 3]`),
+/// each with one extra copy in `{q}.dlq`.
 pub async fn assert_runs_equal_attempts(
     t: &dyn acemq::transport::Transport,
     consumer: &acemq::consume::Consumer,
     seen: &Seen,
     q: &str,
     ids: &[String],
-    attempts: i32,
+    expected: Expected,
     timeout: Duration,
 ) {
+    let Expected {
+        attempts,
+        duplicated_hops,
+    } = expected;
     let dlq = format!("{q}.dlq");
     let n = u32::try_from(ids.len()).unwrap();
     let deadline = tokio::time::Instant::now() + timeout;
@@ -130,12 +144,22 @@ pub async fn assert_runs_equal_attempts(
         ids.len()
     );
     let want: Vec<i32> = (1..=attempts).collect();
+    let mut duplicated = 0;
     for (id, got) in &runs {
+        let hop_twice = got.len() > want.len()
+            && got.starts_with(&want)
+            && want.ends_with(&got[want.len()..])
+            && got[want.len()] > 1;
+        if hop_twice && duplicated < duplicated_hops {
+            duplicated += 1;
+            eprintln!("observed: {id} had one retry hop delivered twice: {got:?}");
+            continue;
+        }
         assert_eq!(got, &want, "{id}: one run per attempt");
     }
     assert_eq!(
         t.inspect_queue(&dlq).await.unwrap().message_count,
-        n,
-        "one dead letter each"
+        n + duplicated,
+        "one dead letter each (and one per duplicated hop)"
     );
 }
