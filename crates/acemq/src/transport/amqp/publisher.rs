@@ -65,7 +65,7 @@ use tracing::{debug, warn};
 use super::collector::{Inbox, Pending, collect, exchange_tag};
 use super::convert;
 use super::errors::from_lapin;
-use super::link::Link;
+use super::link::{HANDSHAKE_TIMEOUT, Link};
 use super::returns::{Written, return_key};
 use crate::transport::{
     Confirmation, Outbound, PendingConfirm, TrackedConfirm, TransportError, TransportStatus,
@@ -299,20 +299,33 @@ impl ConfirmChannel {
             if live.take().is_some() {
                 debug!("the publisher channel was closed; opening a new one");
             }
-            let channel = conn
-                .create_channel()
+            // Bounded: on a connection cut just after its handshake, lapin may never answer
+            // `channel.open`, and this publish holds the state lock the redial's reset
+            // waits for (seen in the flapping-link drill: the publish side never recovered).
+            let opening = async {
+                let channel = conn
+                    .create_channel()
+                    .await
+                    .map_err(|e| match from_lapin(e) {
+                        // The connection died under us: nothing was sent.
+                        TransportError::Closed { detail } | TransportError::Io { detail, .. } => {
+                            TransportError::NotConnected { detail }
+                        }
+                        other => other,
+                    })?;
+                channel
+                    .confirm_select(ConfirmSelectOptions::default())
+                    .await
+                    .map_err(from_lapin)?;
+                Ok::<_, TransportError>(channel)
+            };
+            let channel = tokio::time::timeout(HANDSHAKE_TIMEOUT, opening)
                 .await
-                .map_err(|e| match from_lapin(e) {
-                    // The connection died under us: nothing was sent.
-                    TransportError::Closed { detail } | TransportError::Io { detail, .. } => {
-                        TransportError::NotConnected { detail }
-                    }
-                    other => other,
-                })?;
-            channel
-                .confirm_select(ConfirmSelectOptions::default())
-                .await
-                .map_err(from_lapin)?;
+                .map_err(|_| TransportError::NotConnected {
+                    detail: format!(
+                        "the broker did not open a publisher channel within {HANDSHAKE_TIMEOUT:?} (the connection is going away)"
+                    ),
+                })??;
             let (collector, incoming) = mpsc::unbounded_channel();
             let written = Written::default();
             tokio::spawn(collect(
