@@ -77,6 +77,11 @@ async fn a_durable_saga_killed_between_steps_is_compensated_or_completed_after_r
         return;
     }
     let Some(url) = amqp_support::amqp_url() else {
+        // amqp_url() already panics when a broker is required; said here too.
+        assert!(
+            !amqp_support::broker_required(),
+            "ACEMQ_TEST_REQUIRE_BROKER=1: the saga kill drill needs RabbitMQ"
+        );
         return;
     };
     let Some(pool) = pg else {
