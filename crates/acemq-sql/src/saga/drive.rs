@@ -124,6 +124,21 @@ impl<DB: SagaDatabase, T> Inner<DB, T> {
         .await
     }
 
+    /// Runs one guarded log statement that moves the saga `id` on a pool connection: a
+    /// database failure interrupts the saga, no row changed means another process has it.
+    async fn move_row(
+        &self,
+        id: &str,
+        sql: &Arc<str>,
+        args: impl Fn() -> Vec<Arg>,
+    ) -> Result<(), Error> {
+        match self.on_pool(sql, args).await {
+            Ok(0) => Err(Error::SagaTakenOver { id: id.to_owned() }),
+            Ok(_) => Ok(()),
+            Err(e) => Err(interrupted(id, e)),
+        }
+    }
+
     /// Runs `action` (or, with `None`, nothing) in a fresh transaction and commits it with
     /// the guarded log statement `log`, keeping the lease while it runs. Reruns it when
     /// the database refused on contention.
@@ -270,8 +285,8 @@ pub(super) async fn drive<DB: SagaDatabase, T: Send + Sync + 'static>(
                         } else {
                             SagaState::Compensating
                         };
-                        let moved = inner
-                            .on_pool(&inner.sql.fail, || {
+                        inner
+                            .move_row(id, &inner.sql.fail, || {
                                 let mut a = vec![
                                     Arg::Text(next.as_str().into()),
                                     Arg::Text(step.name.clone()),
@@ -282,11 +297,7 @@ pub(super) async fn drive<DB: SagaDatabase, T: Send + Sync + 'static>(
                                 a.extend(inner.guard(id, applied));
                                 a
                             })
-                            .await
-                            .map_err(|e| interrupted(id, e))?;
-                        if moved == 0 {
-                            return Err(Error::SagaTakenOver { id: id.to_owned() });
-                        }
+                            .await?;
                         metrics::counter!(SAGA_COMPENSATING_TOTAL, TAG_SAGA => inner.tag())
                             .increment(1);
                         state = next;
@@ -346,8 +357,8 @@ pub(super) async fn drive<DB: SagaDatabase, T: Send + Sync + 'static>(
                     continue;
                 }
                 tracing::error!(saga = %inner.name, id, step = %step.name, error = %last, "saga compensation did not succeed; a person has to reconcile it, then resume the saga");
-                let moved = inner
-                    .on_pool(&inner.sql.unresolved, || {
+                inner
+                    .move_row(id, &inner.sql.unresolved, || {
                         let mut a = vec![
                             Arg::Text(format!("compensating {}: {last}", step.name)),
                             Arg::Int(now_millis()),
@@ -355,11 +366,7 @@ pub(super) async fn drive<DB: SagaDatabase, T: Send + Sync + 'static>(
                         a.extend(inner.guard(id, applied));
                         a
                     })
-                    .await
-                    .map_err(|e| interrupted(id, e))?;
-                if moved == 0 {
-                    return Err(Error::SagaTakenOver { id: id.to_owned() });
-                }
+                    .await?;
                 metrics::counter!(SAGA_UNRESOLVED_TOTAL, TAG_SAGA => inner.tag()).increment(1);
                 state = SagaState::Unresolved;
             }
