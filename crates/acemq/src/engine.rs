@@ -494,7 +494,7 @@ pub(crate) fn copy_as_delivered(d: &Delivery, target: &str) -> Outbound {
         exchange: String::new(),
         routing_key: target.to_owned(),
         mandatory: true,
-        properties: d.properties.clone(),
+        properties: crate::transport::Properties::clone(&d.properties),
         body: d.body.clone(),
     }
 }

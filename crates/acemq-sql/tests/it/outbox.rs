@@ -327,7 +327,7 @@ async fn drain_queue(t: &Arc<dyn Transport>, queue: &str) -> Vec<acemq::transpor
         out.push(acemq::transport::Outbound::new(
             d.exchange.clone(),
             d.routing_key.clone(),
-            d.properties.clone(),
+            acemq::transport::Properties::clone(&d.properties),
             d.body.clone(),
         ));
     }

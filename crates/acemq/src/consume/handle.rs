@@ -96,7 +96,11 @@ where
     // The broker's count belongs to this delivery, not to the copies settlement publishes
     // (they carry it in their attempt instead); a copy keeping it would count it twice.
     let mut d = d;
-    d.properties.headers.remove(DELIVERY_COUNT);
+    if d.properties.headers.contains_key(DELIVERY_COUNT) {
+        Arc::make_mut(&mut d.properties)
+            .headers
+            .remove(DELIVERY_COUNT);
+    }
     // The attempt copies carry counts the broker's unsettled returns (crashes) too.
     let mut envelope = Arc::new(if facts.returned > 0 {
         let spent = i32::try_from(facts.spent()).unwrap_or(i32::MAX);

@@ -190,7 +190,7 @@ pub(super) async fn to_tail(replay: &Replay, held: Vec<Delivery>) -> Result<(), 
             exchange: String::new(),
             routing_key: replay.from.clone(),
             mandatory: true,
-            properties: d.properties.clone(),
+            properties: crate::transport::Properties::clone(&d.properties),
             body: Bytes::clone(&d.body),
         };
         match transport.publish(copy).await {

@@ -258,8 +258,10 @@ pub struct Delivery {
     pub routing_key: String,
     /// The broker delivered it before and it was not acked.
     pub redelivered: bool,
-    /// Properties and headers as delivered.
-    pub properties: Properties,
+    /// Properties and headers as delivered, shared with the transport's own copy (the
+    /// `memory://` broker keeps one for a redelivery), so a delivery costs no copy of the
+    /// header table. `Arc::make_mut` gives a private copy to change.
+    pub properties: Arc<Properties>,
     /// Body bytes as delivered.
     pub body: Bytes,
     /// Settles it.

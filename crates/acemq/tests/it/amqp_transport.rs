@@ -146,7 +146,7 @@ async fn headers_and_properties_keep_their_amqp_types_on_the_wire() {
 
     // Our own reader gets back exactly what was published.
     let d = t.get(&q).await.expect("get").expect("second copy");
-    assert_eq!(d.properties, p, "properties round trip");
+    assert_eq!(*d.properties, p, "properties round trip");
     assert_eq!(&d.body[..], b"{\"n\":1}");
     d.acker.ack().await.expect("ack");
     assert_eq!(t.delete_queue(&q).await.expect("delete"), 0);

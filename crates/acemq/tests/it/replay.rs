@@ -297,7 +297,7 @@ async fn a_replay_killed_half_way_loses_nothing() {
         let mut waiting = HashSet::new();
         for queue in [q.clone(), format!("{q}.dlq")] {
             for d in drain(&**t, &queue).await {
-                let id = d.properties.message_id.unwrap();
+                let id = d.properties.message_id.clone().unwrap();
                 if queue == q {
                     replayed.insert(id.clone());
                 } else {

@@ -299,7 +299,7 @@ async fn two_schedulers_compete_and_each_message_arrives_once() {
         let mut seen = Vec::new();
         while seen.len() < ids.len() {
             let d = next(&mut sub, WAIT).await;
-            seen.push(d.properties.message_id.unwrap_or_default());
+            seen.push(d.properties.message_id.clone().unwrap_or_default());
         }
         // Nothing more arrives: no duplicate.
         assert!(

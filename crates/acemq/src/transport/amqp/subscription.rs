@@ -17,6 +17,7 @@
 //!   handle): unsettled deliveries go back to the queue and their settlements fail with
 //!   [`TransportError::AckNotSent`].
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -134,7 +135,7 @@ fn on_channel(
 ) -> Delivery {
     Delivery {
         delivery_tag: d.delivery_tag,
-        properties: convert::from_basic(&d.properties),
+        properties: Arc::new(convert::from_basic(&d.properties)),
         exchange: d.exchange.into(),
         routing_key: d.routing_key.into(),
         redelivered: d.redelivered,

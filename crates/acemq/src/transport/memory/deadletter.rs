@@ -8,6 +8,7 @@
 //! RabbitMQ's cycle rule (a message is not dead-lettered back into a queue it already died
 //! in unless one of its deaths since was a rejection).
 
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::headers::{HeaderValue, Headers};
@@ -53,7 +54,7 @@ pub(crate) fn dead_letter(
     dlx: &str,
     dlrk: Option<&str>,
 ) -> Message {
-    let mut properties = msg.properties.clone();
+    let mut properties = crate::transport::Properties::clone(&msg.properties);
     let headers = &mut properties.headers;
 
     let mut entry = Headers::new();
@@ -107,7 +108,7 @@ pub(crate) fn dead_letter(
     Message {
         exchange: dlx.to_owned(),
         routing_key: dlrk.unwrap_or(&msg.routing_key).to_owned(),
-        properties,
+        properties: Arc::new(properties),
         body: msg.body.clone(),
     }
 }
@@ -146,10 +147,10 @@ mod tests {
         Message {
             exchange: "orders".into(),
             routing_key: "order.new".into(),
-            properties: Properties {
+            properties: Arc::new(Properties {
                 expiration: Some("500".into()),
                 ..Default::default()
-            },
+            }),
             body: Bytes::from_static(b"x"),
         }
     }

@@ -141,7 +141,7 @@ impl State {
         let msg = Arc::new(Message {
             exchange: m.exchange,
             routing_key: m.routing_key,
-            properties: m.properties,
+            properties: Arc::new(m.properties),
             body: m.body,
         });
         let now = Instant::now();

@@ -171,7 +171,7 @@ impl MemoryBroker {
                     exchange: r.msg.exchange.clone(),
                     routing_key: r.msg.routing_key.clone(),
                     redelivered: r.redelivered,
-                    properties: r.msg.properties.clone(),
+                    properties: Properties::clone(&r.msg.properties),
                     body: r.msg.body.clone(),
                 })
                 .collect(),

@@ -28,8 +28,8 @@ pub(crate) struct Message {
     pub exchange: String,
     /// Its routing key.
     pub routing_key: String,
-    /// Properties and headers.
-    pub properties: Properties,
+    /// Properties and headers, shared with every delivery of it.
+    pub properties: Arc<Properties>,
     /// Body.
     pub body: Bytes,
 }
@@ -220,10 +220,10 @@ mod tests {
         Arc::new(Message {
             exchange: String::new(),
             routing_key: "q".into(),
-            properties: Properties {
+            properties: Arc::new(Properties {
                 expiration: expiration.map(str::to_owned),
                 ..Default::default()
-            },
+            }),
             body: Bytes::new(),
         })
     }
@@ -270,7 +270,7 @@ mod tests {
             msg: Arc::new(Message {
                 exchange: String::new(),
                 routing_key: "q".into(),
-                properties: Properties::default(),
+                properties: Arc::default(),
                 body: Bytes::from_static(body.as_bytes()),
             }),
             redelivered: false,

@@ -50,7 +50,7 @@ impl AckHandle for MemoryAcker {
 pub(crate) fn delivery(p: Pending, broker: &Arc<MemoryBroker>, channel: u64) -> Delivery {
     let mut properties = p.msg.properties.clone();
     if p.quorum && p.returns > 0 {
-        properties.headers.insert(
+        Arc::make_mut(&mut properties).headers.insert(
             "x-delivery-count".into(),
             HeaderValue::I64(i64::from(p.returns)),
         );
