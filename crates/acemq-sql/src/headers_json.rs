@@ -43,7 +43,7 @@ pub fn decode(text: &str) -> Result<Headers, String> {
 fn table_to_value(h: &Headers) -> Value {
     Value::Object(
         h.iter()
-            .map(|(k, v)| (k.clone(), to_value(v)))
+            .map(|(k, v)| (k.to_string(), to_value(v)))
             .collect::<Map<_, _>>(),
     )
 }
@@ -99,7 +99,7 @@ fn value_to_table(v: &Value) -> Result<Headers, String> {
         .as_object()
         .ok_or_else(|| format!("a header table must be a JSON object, got {v}"))?;
     obj.iter()
-        .map(|(k, v)| Ok((k.clone(), from_value(v).map_err(|e| format!("{k}: {e}"))?)))
+        .map(|(k, v)| Ok((k.into(), from_value(v).map_err(|e| format!("{k}: {e}"))?)))
         .collect()
 }
 
@@ -195,10 +195,10 @@ mod tests {
             HeaderValue::Void,
         ];
         for (i, v) in values.into_iter().enumerate() {
-            h.insert(format!("k{i}"), v);
+            h.insert(format!("k{i}").into(), v);
         }
         assert_eq!(decode(&encode(&h)).unwrap(), h);
-        let nan = Headers::from([("n".to_string(), HeaderValue::F64(f64::NAN))]);
+        let nan = Headers::from([("n".into(), HeaderValue::F64(f64::NAN))]);
         match &decode(&encode(&nan)).unwrap()["n"] {
             HeaderValue::F64(f) => assert!(f.is_nan()),
             other => panic!("{other:?}"),

@@ -6,7 +6,10 @@
 //! The AceMQ envelope writes only [`HeaderValue::Str`], [`HeaderValue::I32`] and
 //! [`HeaderValue::I64`]; readers accept any integer width and numeric strings.
 
+use std::borrow::{Borrow, Cow};
 use std::collections::BTreeMap;
+use std::fmt;
+use std::ops::Deref;
 
 /// A header table: names to values, as in an AMQP field table.
 ///
@@ -16,7 +19,96 @@ use std::collections::BTreeMap;
 /// h.insert("x-tenant".into(), HeaderValue::from("acme"));
 /// assert_eq!(h["x-tenant"].as_str(), Some("acme"));
 /// ```
-pub type Headers = BTreeMap<String, HeaderValue>;
+pub type Headers = BTreeMap<HeaderName, HeaderValue>;
+
+/// The name of a header: a `&'static str` costs nothing to hold or copy (every name the
+/// envelope writes is one), a name read off the wire owns its `String`. It orders, compares
+/// and looks up as the `str` it holds, so `headers.get("x-tenant")` works.
+///
+/// ```
+/// use acemq::headers::HeaderName;
+/// let fixed = HeaderName::from("x-tenant");
+/// let owned = HeaderName::from(String::from("x-tenant"));
+/// assert_eq!(fixed, owned);
+/// assert_eq!(&*fixed, "x-tenant");
+/// assert!(owned.starts_with("x-"));
+/// ```
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct HeaderName(Cow<'static, str>);
+
+impl HeaderName {
+    /// The name as a `str`.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<&'static str> for HeaderName {
+    fn from(name: &'static str) -> Self {
+        HeaderName(Cow::Borrowed(name))
+    }
+}
+
+impl From<String> for HeaderName {
+    fn from(name: String) -> Self {
+        HeaderName(Cow::Owned(name))
+    }
+}
+
+impl From<&String> for HeaderName {
+    fn from(name: &String) -> Self {
+        HeaderName(Cow::Owned(name.clone()))
+    }
+}
+
+impl From<HeaderName> for String {
+    fn from(name: HeaderName) -> Self {
+        name.0.into_owned()
+    }
+}
+
+impl Deref for HeaderName {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Borrow<str> for HeaderName {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+impl AsRef<str> for HeaderName {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl PartialEq<str> for HeaderName {
+    fn eq(&self, other: &str) -> bool {
+        *self.0 == *other
+    }
+}
+
+impl PartialEq<&str> for HeaderName {
+    fn eq(&self, other: &&str) -> bool {
+        *self.0 == **other
+    }
+}
+
+impl fmt::Debug for HeaderName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl fmt::Display for HeaderName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
 
 /// One value of an AMQP field table.
 ///

@@ -114,7 +114,7 @@ impl SendOptions {
         name: impl Into<String>,
         value: impl Into<crate::headers::HeaderValue>,
     ) -> Self {
-        self.headers.insert(name.into(), value.into());
+        self.headers.insert(name.into().into(), value.into());
         self
     }
     /// Application headers (must not start with `x-acemq-`).
@@ -196,14 +196,27 @@ impl<T: ?Sized + 'static> Publisher<T> {
             routing_key.clone()
         };
         let transport = crate::observe::transport_name(engine.transport.kind());
+        let metrics = Arc::new(PublishMetrics::new(
+            transport,
+            &exchange,
+            &routing_key,
+            message_type,
+        ));
+        Publisher::with_metrics(engine, exchange, routing_key, encoder, metrics)
+    }
+
+    /// A publisher that records into `metrics` (registered for this destination by whoever
+    /// keeps them: the requester does, so a request registers nothing).
+    pub(crate) fn with_metrics<E: Encoder<T>>(
+        engine: Arc<Engine>,
+        exchange: String,
+        routing_key: String,
+        encoder: E,
+        metrics: Arc<PublishMetrics>,
+    ) -> Publisher<T> {
         Publisher {
             engine,
-            metrics: Arc::new(PublishMetrics::new(
-                transport,
-                &exchange,
-                &routing_key,
-                message_type,
-            )),
+            metrics,
             exchange,
             routing_key,
             encoder: Arc::new(encoder),

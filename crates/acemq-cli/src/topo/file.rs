@@ -222,7 +222,7 @@ fn policy(queue: &str, r: &RetrySpec) -> Result<RetryPolicy, String> {
 fn headers(values: &BTreeMap<String, toml::Value>) -> Result<Headers, String> {
     values
         .iter()
-        .map(|(k, v)| Ok((k.clone(), header(k, v)?)))
+        .map(|(k, v)| Ok((k.into(), header(k, v)?)))
         .collect()
 }
 

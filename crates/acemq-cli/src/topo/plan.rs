@@ -163,7 +163,7 @@ pub fn value_json(v: &HeaderValue) -> Value {
 pub fn args_json(args: &Headers) -> Value {
     Value::Object(
         args.iter()
-            .map(|(k, v)| (k.clone(), value_json(v)))
+            .map(|(k, v)| (k.to_string(), value_json(v)))
             .collect(),
     )
 }

@@ -129,7 +129,7 @@ pub async fn seed(t: &Arc<dyn Transport>, queue: &str, n: usize, s: &Seed<'_>) -
             h.insert("x-acemq-origin".into(), HeaderValue::from("orders-service"));
             h.insert("x-acemq-error".into(), HeaderValue::from(s.error));
             for (k, v) in s.headers {
-                h.insert((*k).into(), HeaderValue::from(*v));
+                h.insert(k.to_string().into(), HeaderValue::from(*v));
             }
             let props = Properties {
                 message_id: Some(id.clone()),

@@ -50,7 +50,7 @@ impl Format {
     /// (`docs/codecs.md`).
     pub(crate) fn names(self, content_type: &str) -> bool {
         let mime = essence(content_type);
-        let m = mime.as_str();
+        let m: &str = &mime;
         let app_suffix = |suffix: &str| m.starts_with("application/") && m.ends_with(suffix);
         match self {
             Format::Yaml => {

@@ -212,14 +212,15 @@ fn is_text(content_type: &str) -> bool {
     essence(content_type).starts_with("text/")
 }
 
-/// The content type without its parameters, trimmed and lower-cased.
-fn essence(content_type: &str) -> String {
-    content_type
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase()
+/// The content type without its parameters, trimmed and lower-cased (a copy only when it
+/// has upper-case letters: the usual one is read in place, once per delivery).
+fn essence(content_type: &str) -> std::borrow::Cow<'_, str> {
+    let mime = content_type.split(';').next().unwrap_or("").trim();
+    if mime.bytes().any(|b| b.is_ascii_uppercase()) {
+        std::borrow::Cow::Owned(mime.to_ascii_lowercase())
+    } else {
+        std::borrow::Cow::Borrowed(mime)
+    }
 }
 
 /// The content type a decoder should judge: `None` for an absent or empty one.

@@ -17,7 +17,7 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use crate::error::Error;
-use crate::headers::{HeaderValue, Headers};
+use crate::headers::{HeaderName, HeaderValue, Headers};
 use crate::transport::Properties;
 
 /// The reserved prefix: every header with it belongs to the engine.
@@ -55,6 +55,40 @@ pub const REPLY_TO: &str = "acemq-reply-to";
 pub const REPLY_ERROR: &str = "acemq-error";
 /// The default client name in the origin stamp.
 pub const DEFAULT_CLIENT_NAME: &str = "acemq";
+
+/// A header name read off the wire: the envelope's own names (and the trace context's)
+/// come back as the `&'static str` they are, so a delivery's table holds no copy of them;
+/// any other name owns its `String`.
+pub(crate) fn header_name(name: &str) -> HeaderName {
+    const KNOWN: &[&str] = &[
+        ID,
+        TYPE,
+        VERSION,
+        CORRELATION,
+        CAUSATION,
+        ATTEMPT,
+        FIRST_SEEN,
+        ORIGIN,
+        ERROR,
+        CLAIM,
+        REPLAYED_FROM,
+        REPLAYED_AT,
+        REPLAY_COUNT,
+        REPLY_TO,
+        REPLY_ERROR,
+        crate::observe::trace::TRACEPARENT,
+        crate::observe::trace::TRACESTATE,
+        "x-death",
+        "x-delivery-count",
+        "x-first-death-queue",
+        "x-first-death-reason",
+        "x-first-death-exchange",
+    ];
+    match KNOWN.iter().find(|k| **k == name) {
+        Some(known) => HeaderName::from(*known),
+        None => HeaderName::from(name.to_owned()),
+    }
+}
 
 /// The AceMQ envelope of one message.
 ///
@@ -373,7 +407,9 @@ pub fn application_headers(headers: &Headers) -> Headers {
 /// ```
 pub fn check_application_headers(headers: &Headers) -> Result<(), Error> {
     match headers.keys().find(|k| is_reserved(k)) {
-        Some(name) => Err(Error::ReservedHeader { name: name.clone() }),
+        Some(name) => Err(Error::ReservedHeader {
+            name: name.to_string(),
+        }),
         None => Ok(()),
     }
 }
@@ -472,7 +508,7 @@ fn positive(h: &Headers, name: &str) -> i32 {
         .unwrap_or(1)
 }
 
-fn set_opt(headers: &mut Headers, name: &str, value: &Option<String>) {
+fn set_opt(headers: &mut Headers, name: &'static str, value: &Option<String>) {
     match value {
         Some(v) if !v.is_empty() => {
             headers.insert(name.into(), HeaderValue::Str(v.clone()));

@@ -4,6 +4,8 @@
 //! and the run id (`x-acemq-route-id`, stable across hops, dead letters and replays).
 //! Reserved headers: they are envelope fields, never seen by a handler as headers.
 
+use std::ops::Bound;
+
 use crate::headers::{HeaderValue, Headers};
 
 /// Header: the route's step names, joined by `,`.
@@ -133,6 +135,15 @@ impl Route {
 
     /// Removes the three headers.
     pub(crate) fn clear(h: &mut Headers) {
+        // The three names share ROUTE as a prefix and sort together: one lookup says
+        // whether any is there (on almost every message, none is).
+        let present = h
+            .range::<str, _>((Bound::Included(ROUTE), Bound::Unbounded))
+            .next()
+            .is_some_and(|(name, _)| name.starts_with(ROUTE));
+        if !present {
+            return;
+        }
         for name in [ROUTE, ROUTE_POSITION, ROUTE_ID] {
             h.remove(name);
         }
@@ -146,7 +157,7 @@ mod tests {
     fn headers(pairs: &[(&str, HeaderValue)]) -> Headers {
         pairs
             .iter()
-            .map(|(k, v)| ((*k).to_owned(), v.clone()))
+            .map(|(k, v)| ((*k).to_owned().into(), v.clone()))
             .collect()
     }
 
@@ -184,5 +195,23 @@ mod tests {
         assert_eq!(h[ROUTE], HeaderValue::from("one,two"));
         assert_eq!(h[ROUTE_POSITION], HeaderValue::I32(0));
         assert_eq!(h[ROUTE_ID], HeaderValue::from("r"));
+    }
+
+    #[test]
+    fn clear_removes_each_route_header_even_alone_and_nothing_else() {
+        for name in [ROUTE, ROUTE_POSITION, ROUTE_ID] {
+            let mut h = headers(&[
+                (name, HeaderValue::from("x")),
+                ("x-acemq-id", HeaderValue::from("m")),
+                ("x-acemq-routes", HeaderValue::from("not ours")),
+                ("z", HeaderValue::from("kept")),
+            ]);
+            Route::clear(&mut h);
+            let left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+            assert_eq!(left, ["x-acemq-id", "x-acemq-routes", "z"], "{name}");
+        }
+        let mut none = headers(&[("x-acemq-routes", HeaderValue::from("not ours"))]);
+        Route::clear(&mut none);
+        assert_eq!(none.len(), 1);
     }
 }

@@ -2,15 +2,19 @@
 //! histogram) and `acemq.request.total`, tagged `routing.key`, `message.type`, `transport`
 //! and `outcome`; the CLIENT span `{destination} request`.
 
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use metrics::{Counter, Histogram};
 use tracing::Span;
 use tracing::field::Empty;
 
 use crate::observe::metrics::{
-    REQUEST_DURATION, REQUEST_TOTAL, TAG_MESSAGE_TYPE, TAG_OUTCOME, TAG_ROUTING_KEY, TAG_TRANSPORT,
+    PublishMetrics, REQUEST_DURATION, REQUEST_TOTAL, TAG_MESSAGE_TYPE, TAG_OUTCOME,
+    TAG_ROUTING_KEY, TAG_TRANSPORT,
 };
 use crate::observe::trace::TraceContext;
+use crate::util::lock;
 
 /// How a request ended: the `outcome` tag of `acemq.request.*` (the family's closed set).
 ///
@@ -31,6 +35,20 @@ pub enum RequestOutcome {
 }
 
 impl RequestOutcome {
+    const ALL: [RequestOutcome; 3] = [
+        RequestOutcome::Answered,
+        RequestOutcome::TimedOut,
+        RequestOutcome::Failed,
+    ];
+
+    fn index(self) -> usize {
+        match self {
+            RequestOutcome::Answered => 0,
+            RequestOutcome::TimedOut => 1,
+            RequestOutcome::Failed => 2,
+        }
+    }
+
     /// The tag value.
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -41,22 +59,95 @@ impl RequestOutcome {
     }
 }
 
-/// Counts one request and records its round trip.
-pub(super) fn record(
-    routing_key: &str,
-    message_type: &str,
+/// The metric handles of one destination and request type: what its requests publish
+/// under (`acemq.publish.*`) and how they end (`acemq.request.*`), registered once, so a
+/// request builds no labels and looks nothing up.
+pub(super) struct DestinationMetrics {
+    pub(super) publish: Arc<PublishMetrics>,
+    exchange: String,
+    routing_key: String,
+    message_type: String,
     transport: &'static str,
-    outcome: RequestOutcome,
-    elapsed: Duration,
-) {
-    let labels = [
-        (TAG_ROUTING_KEY, routing_key.to_owned()),
-        (TAG_MESSAGE_TYPE, message_type.to_owned()),
-        (TAG_TRANSPORT, transport.to_owned()),
-        (TAG_OUTCOME, outcome.as_str().to_owned()),
-    ];
-    metrics::histogram!(REQUEST_DURATION, &labels).record(elapsed.as_secs_f64());
-    metrics::counter!(REQUEST_TOTAL, &labels).increment(1);
+    outcomes: [OnceLock<(Counter, Histogram)>; RequestOutcome::ALL.len()],
+}
+
+impl DestinationMetrics {
+    fn new(transport: &'static str, exchange: &str, routing_key: &str, message_type: &str) -> Self {
+        // As a `Publisher` to this destination records its publishes.
+        let publish_type = if routing_key.is_empty() {
+            "message"
+        } else {
+            routing_key
+        };
+        DestinationMetrics {
+            publish: Arc::new(PublishMetrics::new(
+                transport,
+                exchange,
+                routing_key,
+                publish_type,
+            )),
+            exchange: exchange.to_owned(),
+            routing_key: routing_key.to_owned(),
+            message_type: message_type.to_owned(),
+            transport,
+            outcomes: Default::default(),
+        }
+    }
+
+    /// Counts one request and records its round trip.
+    pub(super) fn record(&self, outcome: RequestOutcome, elapsed: Duration) {
+        let (total, duration) = self.outcomes[outcome.index()].get_or_init(|| {
+            let labels = [
+                (TAG_ROUTING_KEY, self.routing_key.clone()),
+                (TAG_MESSAGE_TYPE, self.message_type.clone()),
+                (TAG_TRANSPORT, self.transport.to_owned()),
+                (TAG_OUTCOME, outcome.as_str().to_owned()),
+            ];
+            (
+                metrics::counter!(REQUEST_TOTAL, &labels),
+                metrics::histogram!(REQUEST_DURATION, &labels),
+            )
+        });
+        duration.record(elapsed.as_secs_f64());
+        total.increment(1);
+    }
+}
+
+/// A requester's [`DestinationMetrics`], by exchange, routing key and request type (found
+/// by a scan: a requester talks to few destinations). It keeps at most
+/// [`MetricsCache::MAX`] of them: a requester that sends to ever-new routing keys gets
+/// fresh handles for the ones past that, as a one-off publisher would.
+#[derive(Default)]
+pub(super) struct MetricsCache(Mutex<Vec<Arc<DestinationMetrics>>>);
+
+impl MetricsCache {
+    const MAX: usize = 256;
+
+    pub(super) fn get(
+        &self,
+        transport: &'static str,
+        exchange: &str,
+        routing_key: &str,
+        message_type: &str,
+    ) -> Arc<DestinationMetrics> {
+        let mut cache = lock(&self.0);
+        let found = cache.iter().find(|m| {
+            m.routing_key == routing_key && m.exchange == exchange && m.message_type == message_type
+        });
+        if let Some(found) = found {
+            return found.clone();
+        }
+        let made = Arc::new(DestinationMetrics::new(
+            transport,
+            exchange,
+            routing_key,
+            message_type,
+        ));
+        if cache.len() < Self::MAX {
+            cache.push(made.clone());
+        }
+        made
+    }
 }
 
 /// The CLIENT span of one request: static name `request`, `otel.name` =

@@ -10,7 +10,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::observe::{RequestOutcome, record, request_span};
+use super::observe::{MetricsCache, RequestOutcome, request_span};
 use super::replies::{RequesterHealth, Shared, run};
 use super::{
     REPLY_PREFETCH, REPLY_QUEUE_EXPIRES_MS, REPLY_QUEUE_PREFIX, RequestError, simple_type_name,
@@ -65,6 +65,7 @@ pub struct Requester {
 
 struct Inner {
     shared: Arc<Shared>,
+    metrics: MetricsCache,
     stop: CancellationToken,
     task: std::sync::Mutex<Option<JoinHandle<()>>>,
 }
@@ -112,6 +113,7 @@ impl Requester {
         Ok(Requester {
             inner: Arc::new(Inner {
                 shared,
+                metrics: MetricsCache::default(),
                 stop,
                 task: std::sync::Mutex::new(Some(task)),
             }),
@@ -229,11 +231,17 @@ impl Requester {
             .register(&correlation_id)
             .ok_or(RequestError::Closed)?;
         let codec = Arc::new(codec);
-        let publisher: Publisher<Req> = Publisher::new(
+        let transport = crate::observe::transport_name(engine.transport.kind());
+        let metrics = self
+            .inner
+            .metrics
+            .get(transport, exchange, routing_key, &message_type);
+        let publisher: Publisher<Req> = Publisher::with_metrics(
             engine.clone(),
             exchange.into(),
             routing_key.into(),
             codec.clone(),
+            metrics.publish.clone(),
         );
         let mut options = SendOptions::new()
             .correlation_id(correlation_id.clone())
@@ -253,7 +261,6 @@ impl Requester {
             .instrument(span.clone())
             .await;
         drop(slot);
-        let transport = crate::observe::transport_name(engine.transport.kind());
         let reply = match waited {
             Ok(Ok(reply)) => reply,
             Ok(Err(e)) => {
@@ -262,13 +269,7 @@ impl Requester {
             }
             Err(_elapsed) => {
                 shared.timed_out.fetch_add(1, Ordering::Relaxed);
-                record(
-                    routing_key,
-                    &message_type,
-                    transport,
-                    RequestOutcome::TimedOut,
-                    started.elapsed(),
-                );
+                metrics.record(RequestOutcome::TimedOut, started.elapsed());
                 trace::record_outcome(&span, RequestOutcome::TimedOut.as_str(), true);
                 return Err(RequestError::TimedOut {
                     destination: destination.to_owned(),
@@ -279,13 +280,7 @@ impl Requester {
         };
         if let Some(reason) = reply.error {
             shared.failed.fetch_add(1, Ordering::Relaxed);
-            record(
-                routing_key,
-                &message_type,
-                transport,
-                RequestOutcome::Failed,
-                started.elapsed(),
-            );
+            metrics.record(RequestOutcome::Failed, started.elapsed());
             trace::record_outcome(&span, RequestOutcome::Failed.as_str(), true);
             return Err(RequestError::Failed {
                 destination: destination.to_owned(),
@@ -294,13 +289,7 @@ impl Requester {
             });
         }
         shared.answered.fetch_add(1, Ordering::Relaxed);
-        record(
-            routing_key,
-            &message_type,
-            transport,
-            RequestOutcome::Answered,
-            started.elapsed(),
-        );
+        metrics.record(RequestOutcome::Answered, started.elapsed());
         trace::record_outcome(&span, RequestOutcome::Answered.as_str(), false);
         Decoder::<Resp>::decode(&*codec, reply.content_type.as_deref(), &reply.body).map_err(
             |source| RequestError::Reply {

@@ -276,7 +276,7 @@ pub(crate) fn scheduled(original: Outbound, due_at_ms: i64, key: &str, origin: &
     let mut headers = Headers::new();
     for (name, value) in properties.headers {
         if let Some(field) = name.strip_prefix(RESERVED_PREFIX) {
-            headers.insert(format!("{CARRIED_ENVELOPE_PREFIX}{field}"), value);
+            headers.insert(format!("{CARRIED_ENVELOPE_PREFIX}{field}").into(), value);
         } else if name == "traceparent" {
             headers.insert(CARRIED_TRACEPARENT.into(), value);
         } else if name == "tracestate" {
@@ -309,7 +309,7 @@ pub(crate) fn hop(headers: &Headers, body: Bytes, key: &str, origin: &str) -> Ou
 /// body as bytes under `application/octet-stream`, persistent.
 fn hop_message(mut headers: Headers, body: Bytes, key: String, origin: &str) -> Outbound {
     let mut envelope = Envelope::new(HOP_TYPE);
-    if let Some(HeaderValue::Str(id)) = headers.get(&carried(envelope::ID)) {
+    if let Some(HeaderValue::Str(id)) = headers.get(carried(envelope::ID).as_str()) {
         envelope = envelope.with_correlation_id(id.clone());
     }
     envelope.write(&mut headers, origin);
@@ -348,7 +348,7 @@ pub(crate) fn delivery(
     for (name, value) in headers {
         if let Some(field) = name.strip_prefix(CARRIED_ENVELOPE_PREFIX) {
             own_envelope = true;
-            out.insert(format!("{RESERVED_PREFIX}{field}"), value.clone());
+            out.insert(format!("{RESERVED_PREFIX}{field}").into(), value.clone());
         } else if name == CARRIED_TRACEPARENT {
             out.insert("traceparent".into(), value.clone());
         } else if name == CARRIED_TRACESTATE {
@@ -388,7 +388,7 @@ pub(crate) fn delivery(
 /// The scheduled message's id as it travels (for cancellation and logs), if it does.
 pub(crate) fn carried_id(headers: &Headers) -> Option<&str> {
     headers
-        .get(&carried(envelope::ID))
+        .get(carried(envelope::ID).as_str())
         .and_then(HeaderValue::as_str)
 }
 

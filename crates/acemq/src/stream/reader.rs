@@ -279,7 +279,7 @@ impl<T: Send + 'static, D: Decoder<T>> StreamReader<T, D> {
 }
 
 fn offset_argument(offset: StreamOffset) -> Headers {
-    Headers::from([(STREAM_OFFSET.to_owned(), offset.argument())])
+    Headers::from([(STREAM_OFFSET.into(), offset.argument())])
 }
 
 /// A running stream reader.

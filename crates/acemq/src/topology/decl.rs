@@ -154,7 +154,7 @@ impl QueueDecl {
     /// Sets one argument. `x-queue-type` is controlled by the constructors and by
     /// [`QueueDecl::exclusive`] / [`QueueDecl::auto_delete`] / [`QueueDecl::transient`].
     pub fn argument(mut self, name: impl Into<String>, value: impl Into<HeaderValue>) -> Self {
-        self.arguments.insert(name.into(), value.into());
+        self.arguments.insert(name.into().into(), value.into());
         self
     }
 

@@ -322,7 +322,7 @@ impl ConsumeSpec {
         key: impl Into<String>,
         value: impl Into<crate::headers::HeaderValue>,
     ) -> Self {
-        self.arguments.insert(key.into(), value.into());
+        self.arguments.insert(key.into().into(), value.into());
         self
     }
 }

@@ -81,11 +81,11 @@ fn naming() {
 /// Compares an argument table with a fixture's JSON object exactly: the same names,
 /// integers as AMQP integers with the same value, strings as strings.
 fn assert_arguments_eq(actual: &Headers, expected: &Map<String, Value>, ctx: &str) {
-    let actual_keys: BTreeSet<&str> = actual.keys().map(String::as_str).collect();
+    let actual_keys: BTreeSet<&str> = actual.keys().map(|k| k.as_str()).collect();
     let expected_keys: BTreeSet<&str> = expected.keys().map(String::as_str).collect();
     assert_eq!(actual_keys, expected_keys, "{ctx}: argument names");
     for (key, want) in expected {
-        let got = &actual[key];
+        let got = &actual[key.as_str()];
         match want {
             Value::String(s) => assert_eq!(got, &HeaderValue::Str(s.clone()), "{ctx}: {key}"),
             Value::Number(n) => {

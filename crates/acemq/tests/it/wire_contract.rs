@@ -125,7 +125,7 @@ fn fixture_headers(json: &serde_json::Map<String, serde_json::Value>) -> Headers
                 }
                 other => panic!("unexpected fixture value {other:?}"),
             };
-            (k.clone(), value)
+            (k.into(), value)
         })
         .collect()
 }
@@ -224,9 +224,13 @@ async fn java_envelope_fixtures_read_back_into_the_expected_envelope() {
                     headers.keys().all(|k| !k.starts_with("x-acemq-")),
                     "{name}: {headers:?}"
                 );
-                let expected_app: Vec<&String> =
-                    wire.keys().filter(|k| !k.starts_with("x-acemq-")).collect();
-                assert_eq!(headers.keys().collect::<Vec<_>>(), expected_app, "{name}");
+                let expected_app: Vec<&str> = wire
+                    .keys()
+                    .filter(|k| !k.starts_with("x-acemq-"))
+                    .map(String::as_str)
+                    .collect();
+                let app: Vec<&str> = headers.keys().map(|k| k.as_str()).collect();
+                assert_eq!(app, expected_app, "{name}");
                 if name == "replayed" {
                     assert_eq!(env.replayed_from(), Some("orders.new.dlq"));
                     assert_eq!(env.replay_count(), 2);

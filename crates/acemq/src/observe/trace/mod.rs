@@ -180,13 +180,10 @@ impl TraceContext {
     /// assert_eq!(TraceContext::extract(&h), Some(c));
     /// ```
     pub fn inject(&self, headers: &mut Headers) {
-        headers.insert(
-            TRACEPARENT.to_owned(),
-            HeaderValue::Str(self.to_traceparent()),
-        );
+        headers.insert(TRACEPARENT.into(), HeaderValue::Str(self.to_traceparent()));
         match &self.tracestate {
             Some(state) => {
-                headers.insert(TRACESTATE.to_owned(), HeaderValue::Str(state.clone()));
+                headers.insert(TRACESTATE.into(), HeaderValue::Str(state.clone()));
             }
             None => {
                 headers.remove(TRACESTATE);

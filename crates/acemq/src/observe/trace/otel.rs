@@ -27,7 +27,8 @@ struct HeaderInjector<'a>(&'a mut Headers);
 
 impl Injector for HeaderInjector<'_> {
     fn set(&mut self, key: &str, value: String) {
-        self.0.insert(key.to_owned(), HeaderValue::Str(value));
+        self.0
+            .insert(key.to_owned().into(), HeaderValue::Str(value));
     }
 }
 
@@ -40,7 +41,7 @@ impl Extractor for HeaderExtractor<'_> {
     }
 
     fn keys(&self) -> Vec<&str> {
-        self.0.keys().map(String::as_str).collect()
+        self.0.keys().map(|k| k.as_str()).collect()
     }
 }
 

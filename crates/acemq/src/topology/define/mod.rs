@@ -281,7 +281,7 @@ impl TopologyBuilder {
                 self.errors
                     .push(TopologyError::DeadLetterArgumentAlreadySet {
                         queue: name.clone(),
-                        argument: key.clone(),
+                        argument: key.to_string(),
                     });
             }
         }

@@ -86,7 +86,7 @@ fn invalid_names_and_combinations_are_errors() {
         (
             Topology::define().classic_queue(
                 "c",
-                Headers::from([("x-queue-type".to_owned(), HeaderValue::from("quorum"))]),
+                Headers::from([("x-queue-type".into(), HeaderValue::from("quorum"))]),
             ),
             "QueueTypeArgument",
         ),
@@ -94,7 +94,7 @@ fn invalid_names_and_combinations_are_errors() {
             Topology::define().classic_queue_with_dead_letter(
                 "c",
                 Headers::from([(
-                    "x-dead-letter-routing-key".to_owned(),
+                    "x-dead-letter-routing-key".into(),
                     HeaderValue::from("elsewhere"),
                 )]),
             ),
@@ -124,7 +124,7 @@ fn server_named_queues_are_not_folded_and_bind_to_headers_exchanges_that_are_not
 
 #[test]
 fn classic_queue_with_dead_letter_keeps_its_arguments() {
-    let args = Headers::from([("x-max-length".to_owned(), HeaderValue::I64(5))]);
+    let args = Headers::from([("x-max-length".into(), HeaderValue::I64(5))]);
     let t = Topology::define()
         .classic_queue_with_dead_letter("legacy", args)
         .build()

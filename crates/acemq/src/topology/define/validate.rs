@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use crate::headers::{HeaderValue, Headers};
+use crate::headers::{HeaderName, HeaderValue, Headers};
 #[cfg(doc)]
 use crate::topology::TopologyBuilder;
 use crate::topology::{ExchangeDecl, ExchangeKind, QueueDecl};
@@ -190,7 +190,7 @@ pub(super) fn queue_difference(first: &QueueDecl, second: &QueueDecl) -> String 
 
 /// One entry per argument whose presence or value differs.
 fn argument_differences(first: &Headers, second: &Headers) -> Vec<String> {
-    let keys: BTreeSet<&String> = first.keys().chain(second.keys()).collect();
+    let keys: BTreeSet<&HeaderName> = first.keys().chain(second.keys()).collect();
     keys.into_iter()
         .filter_map(|key| {
             let (a, b) = (first.get(key), second.get(key));

@@ -57,7 +57,7 @@ pub(crate) fn into_table(headers: Headers) -> Result<FieldTable, TransportError>
     let mut table = FieldTable::default();
     for (key, value) in headers {
         crate::topology::check_short(&key)?;
-        let key = short("header key", key)?;
+        let key = short("header key", String::from(key))?;
         table.insert(key, into_value(value)?);
     }
     Ok(table)
@@ -115,7 +115,7 @@ pub(crate) fn from_table(table: &FieldTable) -> Headers {
     table
         .inner()
         .iter()
-        .map(|(k, v)| (k.as_str().to_owned(), from_value(v)))
+        .map(|(k, v)| (crate::envelope::header_name(k.as_str()), from_value(v)))
         .collect()
 }
 
@@ -319,7 +319,7 @@ mod tests {
             Err(TransportError::InvalidName { .. })
         ));
         let mut h = Headers::new();
-        h.insert("k".repeat(300), HeaderValue::Void);
+        h.insert("k".repeat(300).into(), HeaderValue::Void);
         assert!(matches!(
             to_table(&h),
             Err(TransportError::InvalidName { .. })

@@ -145,8 +145,8 @@ pub async fn headers_exchange_matches_all_or_any_header(target: Target) {
     queue(&*t, &any).await;
     let values = |class: &str, role: &str| -> Headers {
         [
-            ("class".to_owned(), HeaderValue::from(class)),
-            ("role".to_owned(), HeaderValue::from(role)),
+            ("class".into(), HeaderValue::from(class)),
+            ("role".into(), HeaderValue::from(role)),
         ]
         .into_iter()
         .collect()

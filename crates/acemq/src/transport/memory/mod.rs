@@ -423,7 +423,7 @@ fn refuse_consume_arguments(spec: &ConsumeSpec) -> Option<TransportError> {
             spec.queue
         )));
     }
-    let names: Vec<&str> = spec.arguments.keys().map(String::as_str).collect();
+    let names: Vec<&str> = spec.arguments.keys().map(|k| k.as_str()).collect();
     (!names.is_empty()).then(|| {
         TransportError::Unsupported(format!(
             "the memory:// broker takes no consumer arguments (asked for {names:?} on {:?})",

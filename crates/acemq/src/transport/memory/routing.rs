@@ -181,7 +181,7 @@ mod tests {
     fn h(pairs: &[(&str, HeaderValue)]) -> Headers {
         pairs
             .iter()
-            .map(|(k, v)| ((*k).to_owned(), v.clone()))
+            .map(|(k, v)| ((*k).to_owned().into(), v.clone()))
             .collect()
     }
 
