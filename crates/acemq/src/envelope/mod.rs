@@ -158,35 +158,44 @@ impl Envelope {
     /// assert_eq!(e.first_seen_millis(), None);
     /// ```
     pub fn read(properties: &Properties, routing_key: &str) -> Self {
-        let h = &properties.headers;
-        let id = string(h, ID)
-            .or_else(|| properties.message_id.clone().and_then(non_empty))
-            .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
-        let message_type = string(h, TYPE)
+        let f = Fields::of(&properties.headers);
+        let id =
+            f.id.and_then(text)
+                .or_else(|| properties.message_id.clone().and_then(non_empty))
+                .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+        let message_type = f
+            .message_type
+            .and_then(text)
             .or_else(|| non_empty(routing_key.to_owned()))
             .unwrap_or_else(|| "message".into());
         Envelope {
-            correlation_id: string(h, CORRELATION).unwrap_or_else(|| id.clone()),
+            correlation_id: f.correlation.and_then(text).unwrap_or_else(|| id.clone()),
             id,
             message_type,
-            version: positive(h, VERSION),
-            causation_id: string(h, CAUSATION),
-            attempt: positive(h, ATTEMPT),
-            first_seen_ms: h.get(FIRST_SEEN).and_then(HeaderValue::as_i64),
-            origin: string(h, ORIGIN),
-            error: string(h, ERROR),
-            claim: string(h, CLAIM),
-            replayed_from: string(h, REPLAYED_FROM),
-            replayed_at: h.get(REPLAYED_AT).and_then(read_instant),
-            replay_count: h
-                .get(REPLAY_COUNT)
+            version: positive(f.version),
+            causation_id: f.causation.and_then(text),
+            attempt: positive(f.attempt),
+            first_seen_ms: f.first_seen.and_then(HeaderValue::as_i64),
+            origin: f.origin.and_then(text),
+            error: f.error.and_then(text),
+            claim: f.claim.and_then(text),
+            replayed_from: f.replayed_from.and_then(text),
+            replayed_at: f.replayed_at.and_then(read_instant),
+            replay_count: f
+                .replay_count
                 .and_then(HeaderValue::as_i64)
                 .and_then(|v| i32::try_from(v).ok())
                 .filter(|v| *v >= 0)
                 .unwrap_or(0),
-            reply_to: string(h, REPLY_TO)
+            reply_to: f
+                .reply_to
+                .and_then(text)
                 .or_else(|| properties.reply_to.clone().and_then(non_empty)),
-            route: Route::read(h),
+            route: if f.route {
+                Route::read(&properties.headers)
+            } else {
+                None
+            },
         }
     }
 
@@ -492,16 +501,70 @@ fn non_empty(s: String) -> Option<String> {
     if s.is_empty() { None } else { Some(s) }
 }
 
-fn string(h: &Headers, name: &str) -> Option<String> {
-    match h.get(name)? {
+/// The envelope's headers of one table, found in one pass over it (a lookup per field
+/// would search the table a dozen times per delivery).
+#[derive(Default)]
+struct Fields<'a> {
+    id: Option<&'a HeaderValue>,
+    message_type: Option<&'a HeaderValue>,
+    version: Option<&'a HeaderValue>,
+    correlation: Option<&'a HeaderValue>,
+    causation: Option<&'a HeaderValue>,
+    attempt: Option<&'a HeaderValue>,
+    first_seen: Option<&'a HeaderValue>,
+    origin: Option<&'a HeaderValue>,
+    error: Option<&'a HeaderValue>,
+    claim: Option<&'a HeaderValue>,
+    replayed_from: Option<&'a HeaderValue>,
+    replayed_at: Option<&'a HeaderValue>,
+    replay_count: Option<&'a HeaderValue>,
+    reply_to: Option<&'a HeaderValue>,
+    /// A routing slip's header is there (read by [`Route::read`]).
+    route: bool,
+}
+
+impl<'a> Fields<'a> {
+    fn of(h: &'a Headers) -> Self {
+        let mut f = Fields::default();
+        for (name, value) in h {
+            let slot = match name.as_str() {
+                ID => &mut f.id,
+                TYPE => &mut f.message_type,
+                VERSION => &mut f.version,
+                CORRELATION => &mut f.correlation,
+                CAUSATION => &mut f.causation,
+                ATTEMPT => &mut f.attempt,
+                FIRST_SEEN => &mut f.first_seen,
+                ORIGIN => &mut f.origin,
+                ERROR => &mut f.error,
+                CLAIM => &mut f.claim,
+                REPLAYED_FROM => &mut f.replayed_from,
+                REPLAYED_AT => &mut f.replayed_at,
+                REPLAY_COUNT => &mut f.replay_count,
+                REPLY_TO => &mut f.reply_to,
+                ROUTE => {
+                    f.route = true;
+                    continue;
+                }
+                _ => continue,
+            };
+            *slot = Some(value);
+        }
+        f
+    }
+}
+
+/// A header's value as text: strings (empty reads as absent), UTF-8 byte arrays, integers.
+fn text(value: &HeaderValue) -> Option<String> {
+    match value {
         HeaderValue::Str(s) => non_empty(s.clone()),
         HeaderValue::Bytes(b) => non_empty(String::from_utf8_lossy(b).into_owned()),
         other => other.as_i64().map(|v| v.to_string()),
     }
 }
 
-fn positive(h: &Headers, name: &str) -> i32 {
-    h.get(name)
+fn positive(value: Option<&HeaderValue>) -> i32 {
+    value
         .and_then(HeaderValue::as_i64)
         .and_then(|v| i32::try_from(v).ok())
         .filter(|v| *v >= 1)
