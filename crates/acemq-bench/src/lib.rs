@@ -25,6 +25,7 @@ pub use ace::{
 };
 pub use raw::{
     fill, raw_confirm_each, raw_consume, raw_pipelined, raw_retry, set_raw_envelope_headers,
+    set_raw_two_connections,
 };
 pub use request::{
     REQUEST_TIMEOUT, REQUEST_WINDOW, RESPONDER_CONCURRENCY, acemq_request_reply,

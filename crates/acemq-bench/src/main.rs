@@ -40,9 +40,13 @@ struct Args {
     /// A smoke run: tiny counts, one round.
     #[arg(long)]
     quick: bool,
-    /// Diagnostic: raw lapin publishes (scenarios 1, 2) also carry AceMQ's envelope headers.
+    /// Diagnostic: raw lapin publishes (scenarios 1, 2, 7) also carry AceMQ's envelope headers.
     #[arg(long)]
     raw_envelope_headers: bool,
+    /// Diagnostic: raw request/reply (scenario 7) publishes on a second connection, as
+    /// AceMQ does.
+    #[arg(long)]
+    raw_two_connections: bool,
     /// Diagnostic: run only this side of the broker scenarios (`raw` or `acemq`), e.g.
     /// under a profiler; the ratio column is then meaningless.
     #[arg(long)]
@@ -200,6 +204,7 @@ async fn bench(mut args: Args) -> Result<()> {
         return Ok(());
     }
     acemq_bench::set_raw_envelope_headers(args.raw_envelope_headers);
+    acemq_bench::set_raw_two_connections(args.raw_two_connections);
     let scenarios: Vec<Scenario> = if args.scenarios.is_empty() {
         Scenario::ALL.to_vec()
     } else {

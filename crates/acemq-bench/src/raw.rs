@@ -29,15 +29,32 @@ pub(crate) fn raw_properties(message_id: String) -> BasicProperties {
 
 static RAW_ENVELOPE_HEADERS: AtomicBool = AtomicBool::new(false);
 
-/// Makes the raw publishers of scenarios 1 and 2 also send AceMQ's envelope headers (a
+static RAW_TWO_CONNECTIONS: AtomicBool = AtomicBool::new(false);
+
+/// Makes the raw publishers of scenarios 1, 2 and 7 also send AceMQ's envelope headers (a
 /// diagnostic: it shows what the headers cost the broker).
 pub fn set_raw_envelope_headers(on: bool) {
     RAW_ENVELOPE_HEADERS.store(on, Ordering::Relaxed);
 }
 
+/// Makes raw request/reply (scenario 7) publish on one connection and consume on another,
+/// as AceMQ does (a diagnostic: it shows what the split costs).
+pub fn set_raw_two_connections(on: bool) {
+    RAW_TWO_CONNECTIONS.store(on, Ordering::Relaxed);
+}
+
+/// Whether raw request/reply publishes on a connection of its own.
+pub(crate) fn raw_two_connections() -> bool {
+    RAW_TWO_CONNECTIONS.load(Ordering::Relaxed)
+}
+
 /// A raw publish's properties: a message id, and the envelope headers when asked for.
 fn raw_publish_properties(seq: u64) -> BasicProperties {
-    let id = format!("raw-{seq}");
+    raw_properties_with_envelope(format!("raw-{seq}"))
+}
+
+/// [`raw_properties`], with the envelope headers when asked for.
+pub(crate) fn raw_properties_with_envelope(id: String) -> BasicProperties {
     if RAW_ENVELOPE_HEADERS.load(Ordering::Relaxed) {
         let headers = envelope_headers(&id);
         raw_properties(id).with_headers(headers)

@@ -20,7 +20,7 @@ use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions, Queu
 use lapin::types::FieldTable;
 use tokio::sync::{Semaphore, oneshot};
 
-use crate::raw::{MANDATORY, check_confirm, confirm_channel, raw_properties};
+use crate::raw::{MANDATORY, check_confirm, confirm_channel, raw_properties_with_envelope};
 use crate::scenario::short;
 use crate::{BoxError, Clock, PREFETCH, Payload, Result, Sample};
 
@@ -81,18 +81,21 @@ pub async fn acemq_request_reply(
 /// replies in flight, each published with the request's `correlation_id` to its `reply_to`,
 /// confirmed, then the request acked) and a requester with a server-named exclusive reply
 /// queue (replies acked), a table of waiters by `correlation_id`, 16 requests in flight,
-/// each publish confirmed.
+/// each publish confirmed. Requests and replies are published on `publishing` and consumed
+/// on `consuming` (the same connection, written the straightforward way).
 pub async fn raw_request_reply(
-    conn: &lapin::Connection,
+    publishing: &lapin::Connection,
+    consuming: &lapin::Connection,
     queue: &str,
     n: u64,
     size: usize,
 ) -> Result<Sample> {
+    let conn = consuming;
     let serving = conn.create_channel().await?;
     serving
         .basic_qos(PREFETCH, BasicQosOptions::default())
         .await?;
-    let replying = confirm_channel(conn).await?;
+    let replying = confirm_channel(publishing).await?;
     let mut requests = serving
         .basic_consume(
             short(queue)?,
@@ -113,7 +116,7 @@ pub async fn raw_request_reply(
                     let p: Payload = serde_json::from_slice(&d.data)?;
                     let to = d.properties.reply_to().clone().ok_or("no reply_to")?;
                     let correlation = d.properties.correlation_id().clone();
-                    let mut props = raw_properties(format!("reply-{}", p.seq));
+                    let mut props = raw_properties_with_envelope(format!("reply-{}", p.seq));
                     if let Some(c) = correlation {
                         props = props.with_correlation_id(c);
                     }
@@ -132,7 +135,7 @@ pub async fn raw_request_reply(
         }
         Ok::<_, BoxError>(())
     });
-    let requesting = confirm_channel(conn).await?;
+    let requesting = confirm_channel(publishing).await?;
     let listening = conn.create_channel().await?;
     listening
         .basic_qos(PREFETCH, BasicQosOptions::default())
@@ -192,7 +195,7 @@ pub async fn raw_request_reply(
                     .unwrap_or_else(|e| e.into_inner())
                     .insert(correlation.clone(), tx);
                 let body = serde_json::to_vec(&Payload::new(seq, size))?;
-                let props: BasicProperties = raw_properties(format!("req-{seq}"))
+                let props: BasicProperties = raw_properties_with_envelope(format!("req-{seq}"))
                     .with_correlation_id(correlation.into())
                     .with_reply_to(reply_queue);
                 let confirm = ch

@@ -135,6 +135,9 @@ pub struct Broker {
     pub acemq: acemq::Connection,
     /// The raw lapin connection.
     pub raw: lapin::Connection,
+    /// A second raw connection, on which raw request/reply publishes when asked to
+    /// (`--raw-two-connections`).
+    pub raw_publishing: lapin::Connection,
     /// A separate raw connection used only to pre-fill queues and for topology.
     pub(crate) admin: lapin::Connection,
     prefix: String,
@@ -150,6 +153,12 @@ impl Broker {
             ConnectionProperties::default().with_connection_name("acemq-bench raw".into()),
         )
         .await?;
+        let raw_publishing = lapin::Connection::connect(
+            url,
+            ConnectionProperties::default()
+                .with_connection_name("acemq-bench raw publishing".into()),
+        )
+        .await?;
         let admin = lapin::Connection::connect(
             url,
             ConnectionProperties::default().with_connection_name("acemq-bench admin".into()),
@@ -162,6 +171,7 @@ impl Broker {
         Ok(Broker {
             acemq,
             raw,
+            raw_publishing,
             admin,
             prefix: format!("acemq-bench.{}.{stamp}", std::process::id()),
             counter: AtomicU64::new(0),
@@ -172,6 +182,7 @@ impl Broker {
     pub async fn close(self) -> Result<()> {
         self.acemq.close().await?;
         self.raw.close(200, "OK".into()).await?;
+        self.raw_publishing.close(200, "OK".into()).await?;
         self.admin.close(200, "OK".into()).await?;
         Ok(())
     }
@@ -279,7 +290,12 @@ impl Broker {
                 acemq_request_reply(&self.acemq, queue, n, size).await
             }
             (Scenario::RequestReply, Side::Raw) => {
-                raw_request_reply(&self.raw, queue, n, size).await
+                let publishing = if crate::raw::raw_two_connections() {
+                    &self.raw_publishing
+                } else {
+                    &self.raw
+                };
+                raw_request_reply(publishing, &self.raw, queue, n, size).await
             }
         }
     }
