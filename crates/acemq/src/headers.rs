@@ -1,6 +1,7 @@
 //! Header values as AMQP field tables carry them.
 //!
-//! This module owns the transport-neutral representation of a header table. Every AMQP
+//! This module owns the transport-neutral representation of a header table ([`Headers`],
+//! keyed by [`HeaderName`], which holds a `&'static str` for free). Every AMQP
 //! field type has a variant, so a message republished by the engine keeps the headers it
 //! arrived with (a newer library's unknown headers, the broker's `x-death` tables) exactly.
 //! The AceMQ envelope writes only [`HeaderValue::Str`], [`HeaderValue::I32`] and
@@ -40,6 +41,12 @@ impl HeaderName {
     /// The name as a `str`.
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+
+    /// Whether it holds a `&'static str` (no copy of its own).
+    #[cfg(test)]
+    pub(crate) fn is_static(&self) -> bool {
+        matches!(self.0, Cow::Borrowed(_))
     }
 }
 
@@ -249,6 +256,27 @@ pub(crate) fn stream_offset(headers: &Headers) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_order_compare_and_look_up_as_their_str_whoever_owns_them() {
+        let mut h = Headers::new();
+        h.insert(HeaderName::from(String::from("b")), HeaderValue::I32(2));
+        h.insert("a".into(), HeaderValue::I32(1));
+        h.insert(HeaderName::from(String::from("c")), HeaderValue::I32(3));
+        // The same name, static or owned, is one key.
+        h.insert("b".into(), HeaderValue::I32(20));
+        let names: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        assert_eq!(names, ["a", "b", "c"]);
+        assert_eq!(h["b"], HeaderValue::I32(20));
+        assert_eq!(h.get("c").and_then(HeaderValue::as_i64), Some(3));
+        assert!(HeaderName::from("x").is_static());
+        assert!(!HeaderName::from(String::from("x")).is_static());
+        assert_eq!(HeaderName::from("x"), HeaderName::from(String::from("x")));
+        assert_eq!(
+            format!("{:?} {}", HeaderName::from("x"), HeaderName::from("y")),
+            "\"x\" y"
+        );
+    }
 
     #[test]
     fn integers_read_at_any_width_and_from_numeric_strings() {

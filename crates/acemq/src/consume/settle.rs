@@ -133,7 +133,9 @@ impl Settler {
                     .headers
                     .insert(envelope::ERROR.into(), HeaderValue::Str(reason));
                 copy.properties.expiration = None;
-                self.move_now(d, copy, Counter::Parked, seen).await
+                // Boxed, as every move: the path of a failure need not make the future of
+                // every delivery (an ack's) kilobytes larger.
+                Box::pin(self.move_now(d, copy, Counter::Parked, seen)).await
             }
             Decision::DeadLetter { reason, kind } => {
                 let target = dead_letter_queue(&self.queue);
@@ -144,9 +146,9 @@ impl Settler {
                     DeadLetterKind::Unprocessable => Counter::Rejected,
                     DeadLetterKind::Exhausted | DeadLetterKind::Requested => Counter::DeadLettered,
                 };
-                self.move_now(d, copy, counter, seen).await
+                Box::pin(self.move_now(d, copy, counter, seen)).await
             }
-            Decision::Retry(wait) => self.retry(d, envelope, wait).await,
+            Decision::Retry(wait) => Box::pin(self.retry(d, envelope, wait)).await,
             Decision::Skip { reason } => {
                 tracing::warn!(queue = %self.queue, message_id = envelope.id(), %reason, "skipped without being handled");
                 now(self.send(&d, ACK, Counter::Skipped).await)

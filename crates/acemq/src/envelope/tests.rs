@@ -120,3 +120,23 @@ fn origin_is_client_at_host() {
     assert_eq!(client, "acemq");
     assert!(!host.is_empty());
 }
+
+#[test]
+fn the_envelopes_names_read_off_the_wire_come_back_static_and_others_owned() {
+    for name in [
+        ID,
+        TYPE,
+        ATTEMPT,
+        FIRST_SEEN,
+        ORIGIN,
+        "traceparent",
+        "x-death",
+    ] {
+        let read = super::header_name(name);
+        assert!(read.is_static(), "{name}");
+        assert_eq!(read.as_str(), name);
+    }
+    let other = super::header_name("x-tenant");
+    assert!(!other.is_static());
+    assert_eq!(other.as_str(), "x-tenant");
+}

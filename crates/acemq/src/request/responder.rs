@@ -185,7 +185,8 @@ where
                 correlation_id: &correlation_id,
                 request_id: &request_id,
             };
-            return fault(&engine, &counts, request, e, policy.is_none()).await;
+            // Boxed: a failure's path need not make every request's future larger.
+            return Box::pin(fault(&engine, &counts, request, e, policy.is_none())).await;
         }
         Err(e) => return Err(e),
     };
@@ -202,7 +203,7 @@ where
     );
     drop(answer);
     let sent = match reply {
-        Ok(reply) => publish_reply(&engine, reply).await,
+        Ok(reply) => Box::pin(publish_reply(&engine, reply)).await,
         Err(e) => Err(e.into()),
     };
     match sent {
