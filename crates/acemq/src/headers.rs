@@ -50,6 +50,46 @@ impl HeaderName {
     }
 }
 
+/// The names on nearly every message (the envelope's, the trace context's, the broker's
+/// dead-letter ones): read off the wire, they come back as these `&'static str`s, so a
+/// delivery's table holds no copy of them. `envelope/tests.rs` checks that every
+/// envelope name is here.
+pub(crate) const WELL_KNOWN: &[&str] = &[
+    "x-acemq-id",
+    "x-acemq-type",
+    "x-acemq-version",
+    "x-acemq-correlation",
+    "x-acemq-causation",
+    "x-acemq-attempt",
+    "x-acemq-first-seen",
+    "x-acemq-origin",
+    "x-acemq-error",
+    "x-acemq-claim",
+    "acemq-replayed-from",
+    "acemq-replayed-at",
+    "acemq-replay-count",
+    "acemq-reply-to",
+    "acemq-error",
+    "traceparent",
+    "tracestate",
+    "x-death",
+    "x-delivery-count",
+    "x-first-death-queue",
+    "x-first-death-reason",
+    "x-first-death-exchange",
+];
+
+impl HeaderName {
+    /// A name read off the wire: one of [`WELL_KNOWN`] as its static `str`, any other as
+    /// an owned copy.
+    pub(crate) fn wire(name: &str) -> HeaderName {
+        match WELL_KNOWN.iter().find(|k| **k == name) {
+            Some(known) => HeaderName::from(*known),
+            None => HeaderName::from(name.to_owned()),
+        }
+    }
+}
+
 impl From<&'static str> for HeaderName {
     fn from(name: &'static str) -> Self {
         HeaderName(Cow::Borrowed(name))

@@ -190,23 +190,12 @@ impl<T: ?Sized + 'static> Publisher<T> {
         routing_key: String,
         encoder: E,
     ) -> Publisher<T> {
-        let message_type = if routing_key.is_empty() {
-            "message".to_owned()
-        } else {
-            routing_key.clone()
-        };
         let transport = crate::observe::transport_name(engine.transport.kind());
-        let metrics = Arc::new(PublishMetrics::new(
-            transport,
-            &exchange,
-            &routing_key,
-            message_type,
-        ));
-        Publisher::with_metrics(engine, exchange, routing_key, encoder, metrics)
+        let metrics = PublishMetrics::for_destination(transport, &exchange, &routing_key);
+        Publisher::with_metrics(engine, exchange, routing_key, encoder, Arc::new(metrics))
     }
 
-    /// A publisher that records into `metrics` (registered for this destination by whoever
-    /// keeps them: the requester does, so a request registers nothing).
+    /// A publisher recording into `metrics` kept by its caller (a requester keeps them).
     pub(crate) fn with_metrics<E: Encoder<T>>(
         engine: Arc<Engine>,
         exchange: String,

@@ -17,7 +17,7 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use crate::error::Error;
-use crate::headers::{HeaderName, HeaderValue, Headers};
+use crate::headers::{HeaderValue, Headers};
 use crate::transport::Properties;
 
 /// The reserved prefix: every header with it belongs to the engine.
@@ -55,40 +55,6 @@ pub const REPLY_TO: &str = "acemq-reply-to";
 pub const REPLY_ERROR: &str = "acemq-error";
 /// The default client name in the origin stamp.
 pub const DEFAULT_CLIENT_NAME: &str = "acemq";
-
-/// A header name read off the wire: the envelope's own names (and the trace context's)
-/// come back as the `&'static str` they are, so a delivery's table holds no copy of them;
-/// any other name owns its `String`.
-pub(crate) fn header_name(name: &str) -> HeaderName {
-    const KNOWN: &[&str] = &[
-        ID,
-        TYPE,
-        VERSION,
-        CORRELATION,
-        CAUSATION,
-        ATTEMPT,
-        FIRST_SEEN,
-        ORIGIN,
-        ERROR,
-        CLAIM,
-        REPLAYED_FROM,
-        REPLAYED_AT,
-        REPLAY_COUNT,
-        REPLY_TO,
-        REPLY_ERROR,
-        crate::observe::trace::TRACEPARENT,
-        crate::observe::trace::TRACESTATE,
-        "x-death",
-        "x-delivery-count",
-        "x-first-death-queue",
-        "x-first-death-reason",
-        "x-first-death-exchange",
-    ];
-    match KNOWN.iter().find(|k| **k == name) {
-        Some(known) => HeaderName::from(*known),
-        None => HeaderName::from(name.to_owned()),
-    }
-}
 
 /// The AceMQ envelope of one message.
 ///

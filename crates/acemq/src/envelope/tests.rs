@@ -123,20 +123,31 @@ fn origin_is_client_at_host() {
 
 #[test]
 fn the_envelopes_names_read_off_the_wire_come_back_static_and_others_owned() {
-    for name in [
+    let envelope_names = [
         ID,
         TYPE,
+        VERSION,
+        CORRELATION,
+        CAUSATION,
         ATTEMPT,
         FIRST_SEEN,
         ORIGIN,
-        "traceparent",
-        "x-death",
-    ] {
-        let read = super::header_name(name);
-        assert!(read.is_static(), "{name}");
+        ERROR,
+        CLAIM,
+        REPLAYED_FROM,
+        REPLAYED_AT,
+        REPLAY_COUNT,
+        REPLY_TO,
+        REPLY_ERROR,
+        crate::observe::trace::TRACEPARENT,
+        crate::observe::trace::TRACESTATE,
+    ];
+    for name in envelope_names {
+        let read = crate::headers::HeaderName::wire(name);
+        assert!(read.is_static(), "{name} is not in headers::WELL_KNOWN");
         assert_eq!(read.as_str(), name);
     }
-    let other = super::header_name("x-tenant");
+    let other = crate::headers::HeaderName::wire("x-tenant");
     assert!(!other.is_static());
     assert_eq!(other.as_str(), "x-tenant");
 }

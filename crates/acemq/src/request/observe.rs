@@ -73,18 +73,11 @@ pub(super) struct DestinationMetrics {
 
 impl DestinationMetrics {
     fn new(transport: &'static str, exchange: &str, routing_key: &str, message_type: &str) -> Self {
-        // As a `Publisher` to this destination records its publishes.
-        let publish_type = if routing_key.is_empty() {
-            "message"
-        } else {
-            routing_key
-        };
         DestinationMetrics {
-            publish: Arc::new(PublishMetrics::new(
+            publish: Arc::new(PublishMetrics::for_destination(
                 transport,
                 exchange,
                 routing_key,
-                publish_type,
             )),
             exchange: exchange.to_owned(),
             routing_key: routing_key.to_owned(),

@@ -520,6 +520,17 @@ impl PublishMetrics {
         }
     }
 
+    /// Handles for a [`crate::publish::Publisher`] to `exchange` / `routing_key`: its
+    /// series is typed by the routing key (`message` when that is empty).
+    pub(crate) fn for_destination(transport: &str, exchange: &str, routing_key: &str) -> Self {
+        let message_type = if routing_key.is_empty() {
+            "message"
+        } else {
+            routing_key
+        };
+        PublishMetrics::new(transport, exchange, routing_key, message_type)
+    }
+
     /// Same as [`record_publish`] for this transport, destination and type.
     pub fn record(&self, outcome: PublishOutcome, duration: Duration) {
         let (total, duration_h) = self.series[outcome.index()].get_or_init(|| {

@@ -26,7 +26,7 @@
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, DecimalValue, FieldArray, FieldTable, ShortString};
 
-use crate::headers::{HeaderValue, Headers};
+use crate::headers::{HeaderName, HeaderValue, Headers};
 use crate::transport::{Properties, TransportError};
 
 /// A shortstr (name, key or property), refusing more than 255 bytes.
@@ -115,7 +115,7 @@ pub(crate) fn from_table(table: &FieldTable) -> Headers {
     table
         .inner()
         .iter()
-        .map(|(k, v)| (crate::envelope::header_name(k.as_str()), from_value(v)))
+        .map(|(k, v)| (HeaderName::wire(k.as_str()), from_value(v)))
         .collect()
 }
 
