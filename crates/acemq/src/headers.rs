@@ -54,6 +54,7 @@ impl HeaderName {
 /// dead-letter ones): read off the wire, they come back as these `&'static str`s, so a
 /// delivery's table holds no copy of them. `envelope/tests.rs` checks that every
 /// envelope name is here.
+#[cfg(any(feature = "amqp", test))]
 pub(crate) const WELL_KNOWN: &[&str] = &[
     "x-acemq-id",
     "x-acemq-type",
@@ -79,6 +80,7 @@ pub(crate) const WELL_KNOWN: &[&str] = &[
     "x-first-death-exchange",
 ];
 
+#[cfg(any(feature = "amqp", test))]
 impl HeaderName {
     /// A name read off the wire: one of [`WELL_KNOWN`] as its static `str`, any other as
     /// an owned copy.
