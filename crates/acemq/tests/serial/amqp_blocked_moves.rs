@@ -4,13 +4,11 @@
 //! second time meanwhile: each message's handler runs once per attempt (an earlier build
 //! ran 5 messages under `fixed(3, 100 ms)` 21 times instead of 15).
 //!
-//! One duplicated hop is tolerated, and printed: the known open case of a hop whose frames
-//! were still queued in lapin when the block arrived. It gets no later answer, so its move
-//! publishes again, and both copies arrive after the alarm clears. It shows in about half
-//! of the runs (17 runs instead of 15, `[1, 2, 3, 2, 3]` for one message). The fix, keeping
-//! such a publish's frames and confirm tracked through the block instead of answering it at
-//! once, is not done yet (see the issue notes). The regression this test was written for
-//! duplicates several hops and still fails it.
+//! No duplicated hop is tolerated. A hop whose frames were still queued in lapin when the
+//! block arrived was once answered in doubt with no later answer, so its move published
+//! again and both copies arrived after the alarm cleared (about half of the runs: 17 runs
+//! instead of 15). Such a publish now stays with the confirm collector through the block,
+//! and its move waits for the broker's answer once the frames went out.
 //!
 //! This test changes global broker state (`rabbitmqctl set_vm_memory_high_watermark 0`), so
 //! it is a serial test (see `main.rs`); the watermark is restored by a drop guard even when
@@ -77,7 +75,7 @@ async fn in_doubt_retry_hops_under_a_memory_alarm_run_no_extra_handler() {
         &ids,
         support::settle::Expected {
             attempts: 3,
-            duplicated_hops: 1,
+            duplicated_hops: 0,
         },
         WAIT,
     )

@@ -6,12 +6,14 @@
 
 use std::collections::VecDeque;
 use std::collections::hash_map::DefaultHasher;
+use std::future::Future;
 use std::hash::{Hash, Hasher};
+use std::pin::Pin;
 use std::time::Duration;
 
 use futures::FutureExt;
 use lapin::Confirmation as LapinConfirmation;
-use lapin::{Channel, ConnectionStatus, PublisherConfirm};
+use lapin::{Channel, ConnectionStatus};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 use tracing::debug;
@@ -21,6 +23,21 @@ use super::returns::{Returned, Returns, Written, horizon};
 use crate::transport::{Confirmation, ErrorKind, TransportError, TransportStatus};
 
 pub(super) type Reply = oneshot::Sender<Result<Confirmation, TransportError>>;
+
+/// One publish after lapin queued its frames: the rest of `basic_publish` (the frames being
+/// written) and then the `PublisherConfirm` it returned, as one future the collector polls.
+pub(super) type Confirming = Pin<Box<dyn Future<Output = Resolved> + Send>>;
+
+/// How a [`Confirming`] publish ended.
+// A short-lived value, once per publish: boxing the confirmation would cost an allocation
+// per confirm for nothing.
+#[allow(clippy::large_enum_variant)]
+pub(super) enum Resolved {
+    /// lapin could not write the frames (the channel or connection failed first).
+    Unwritten(lapin::Error),
+    /// The frames were written; the broker's answer.
+    Confirmed(lapin::Result<LapinConfirmation>),
+}
 
 /// One publish waiting for its confirm, in the collector's FIFO.
 pub(super) struct Pending {
@@ -32,7 +49,7 @@ pub(super) struct Pending {
     pub(super) seq: u64,
     /// When the frames were written (the confirm deadline is `confirm_timeout` later).
     pub(super) published: Instant,
-    pub(super) confirm: PublisherConfirm,
+    pub(super) confirm: Confirming,
     /// `None` once answered (by a timeout).
     pub(super) reply: Option<Reply>,
     /// Where the broker's own answer goes when `reply` was answered in doubt first
@@ -50,16 +67,15 @@ pub(super) fn exchange_tag(exchange: &str) -> u64 {
 /// A publish whose confirm has resolved, waiting to be answered with its batch.
 struct Done {
     pending: Pending,
-    result: lapin::Result<LapinConfirmation>,
+    result: Resolved,
     /// The return lapin attached to this publish's confirm when it is this publish's own.
     own_return: Option<Returned>,
 }
 
-// A short-lived stack value, once per collector turn: boxing the confirmation would cost an
-// allocation per confirm for nothing.
+// A short-lived stack value, once per collector turn (see `Resolved`).
 #[allow(clippy::large_enum_variant)]
 enum Event {
-    Front(lapin::Result<LapinConfirmation>),
+    Front(Resolved),
     Deadline,
     Status(bool),
 }
@@ -233,7 +249,9 @@ async fn gather(
 fn answer(batch: &mut Vec<Done>, returns: &mut Returns, watermark: u64) {
     for done in batch.iter_mut() {
         let own = done.pending.message_id.as_deref();
-        done.own_return = returns.carried(&mut done.result, own, watermark);
+        if let Resolved::Confirmed(result) = &mut done.result {
+            done.own_return = returns.carried(result, own, watermark);
+        }
     }
     for done in batch.drain(..) {
         let Done {
@@ -242,9 +260,12 @@ fn answer(batch: &mut Vec<Done>, returns: &mut Returns, watermark: u64) {
             own_return,
         } = done;
         let outcome = match result {
-            Ok(LapinConfirmation::Nack(_)) => Ok(Confirmation::Nacked),
-            Ok(_) => Ok(returns.outcome(own_return, pending.message_id.as_deref(), pending.seq)),
-            Err(e) => Err(rejected(e, pending.exchange)),
+            Resolved::Unwritten(e) => Err(from_lapin(e)),
+            Resolved::Confirmed(Ok(LapinConfirmation::Nack(_))) => Ok(Confirmation::Nacked),
+            Resolved::Confirmed(Ok(_)) => {
+                Ok(returns.outcome(own_return, pending.message_id.as_deref(), pending.seq))
+            }
+            Resolved::Confirmed(Err(e)) => Err(rejected(e, pending.exchange)),
         };
         if let Some(reply) = pending.reply.or(pending.late) {
             let _ = reply.send(outcome);

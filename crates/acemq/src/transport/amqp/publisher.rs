@@ -6,8 +6,13 @@
 //! * **One `basic_publish` at a time per channel.** lapin registers the confirm tag and
 //!   queues the frames under different locks, so two concurrent `basic_publish` calls on one
 //!   channel could pair a `PublisherConfirm` with the other message. Calls are serialized
-//!   under an async mutex that is held only until lapin has written the frames; the confirm
-//!   is awaited outside it, so publishes pipeline.
+//!   under an async mutex that is held for one poll of `basic_publish`: lapin registers the
+//!   confirm and queues the frames before its first await (lapin 4.12, `channel.rs`). The
+//!   rest (the frames being written, then the confirm) is awaited by the collector, so
+//!   publishes made while lapin writes go out together in one socket write, as they do
+//!   when raw lapin callers publish concurrently. (Holding the lock until the frames were
+//!   written made every publish its own write and its own wake-up of lapin's I/O thread:
+//!   1.0 `sendto` per publish against raw lapin's 0.66 in the request/reply bench.)
 //! * **Returns are matched by `message_id`, exchange and routing key.** The engine
 //!   republishes a message under its own id (a retry hop, a dead letter), so the id alone
 //!   can name two publishes in flight at once; the destination tells them apart. A return
@@ -47,22 +52,23 @@
 //!   publish, and any other unconfirmed one, is answered in doubt
 //!   ([`TransportError::ConfirmTimeout`]) as soon as the block is seen, instead of after
 //!   `confirm_timeout`. If the block arrives while a publish's frames are still queued in
-//!   lapin, they stay queued and go out after the unblock: that publish is in doubt too.
+//!   lapin, they stay queued and go out after the unblock: that publish is in doubt too, and
+//!   its late answer (below) is the broker's answer once they went out.
 //! * **The late answer.** A publish made with `publish_tracked` (the engine's moves) keeps
 //!   a second reply: when its first answer was in doubt (a timeout or a block) the
 //!   collector sends the broker's own answer there once the confirm resolves, so a move
-//!   waits for it instead of publishing a second copy that would also be delivered. (A
-//!   publish still queued in lapin when the block is seen has no late answer.)
+//!   waits for it instead of publishing a second copy that would also be delivered.
 
+use std::task::Poll;
 use std::time::Duration;
 
 use lapin::Channel;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use tokio::sync::{Mutex, mpsc, oneshot, watch};
 use tokio::time::Instant;
-use tracing::{debug, warn};
+use tracing::debug;
 
-use super::collector::{Inbox, Pending, collect, exchange_tag};
+use super::collector::{Confirming, Inbox, Pending, Resolved, collect, exchange_tag};
 use super::convert;
 use super::errors::from_lapin;
 use super::link::{HANDSHAKE_TIMEOUT, Link};
@@ -240,22 +246,25 @@ impl ConfirmChannel {
         // Numbered before lapin gets the frames, and in flight until handed over (see
         // `returns`).
         let in_flight = live.written.begin();
-        let written = {
-            let publish =
-                live.channel
-                    .basic_publish(exchange, routing_key, options, &m.body, properties);
-            tokio::select! {
-                biased;
-                written = publish => written,
-                () = blocked_change(&mut state.status, &conn) => {
-                    warn!("the broker blocked the publishing connection while a publish was queued; it is in doubt");
-                    return Err(TransportError::ConfirmTimeout {
-                        millis: started.elapsed().as_millis().try_into().unwrap_or(u64::MAX),
-                    });
-                }
+        let channel = live.channel.clone();
+        let mut confirm: Confirming = Box::pin(async move {
+            match channel
+                .basic_publish(exchange, routing_key, options, &m.body, properties)
+                .await
+            {
+                Ok(confirm) => Resolved::Confirmed(confirm.await),
+                Err(e) => Resolved::Unwritten(e),
             }
-        };
-        let confirm = written.map_err(from_lapin)?;
+        });
+        // The first poll registers the confirm and queues the frames (lapin does both before
+        // its first await), under the lock: what the one-at-a-time rule needs. Waiting for the
+        // frames to be written is the collector's part, so publishes queued meanwhile go out
+        // in one write.
+        match futures::poll!(&mut confirm) {
+            Poll::Pending => {}
+            Poll::Ready(Resolved::Unwritten(e)) => return Err(from_lapin(e)),
+            Poll::Ready(confirmed) => confirm = Box::pin(futures::future::ready(confirmed)),
+        }
         let (reply, answer) = oneshot::channel();
         let (late, late_answer) = if track {
             let (tx, rx) = oneshot::channel();
@@ -374,16 +383,4 @@ fn awaited(answer: oneshot::Receiver<Result<Confirmation, TransportError>>) -> P
             })
         })
     })
-}
-
-/// Resolves once lapin reports the connection blocked (or the status sender is gone).
-async fn blocked_change(status: &mut watch::Receiver<TransportStatus>, conn: &lapin::Connection) {
-    loop {
-        if conn.status().blocked() {
-            return;
-        }
-        if status.changed().await.is_err() {
-            return futures::future::pending().await;
-        }
-    }
 }
