@@ -13,6 +13,7 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::future::BoxFuture;
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::codec::Encoder;
@@ -253,9 +254,32 @@ impl<T: ?Sized + 'static> Publisher<T> {
         options: SendOptions,
     ) -> Result<PublishResult, Error> {
         let started = Instant::now();
-        let (mut outbound, mut context) = self.build(payload, options)?;
-        let span = self.span(&outbound, &context);
-        trace::link_publish(&span, &mut outbound.properties.headers, &mut context);
+        let (outbound, span) = self.build_message(payload, options)?;
+        self.send_built(outbound, span, started).await
+    }
+
+    /// [`Publisher::send_with`] as a future that owns what it needs (the payload is encoded
+    /// now): a requester lets it finish on its own when the reply comes before the confirm.
+    pub(crate) fn into_sending(
+        self,
+        payload: &T,
+        options: SendOptions,
+    ) -> Result<BoxFuture<'static, Result<PublishResult, Error>>, Error> {
+        let started = Instant::now();
+        let (outbound, span) = self.build_message(payload, options)?;
+        Ok(Box::pin(async move {
+            self.send_built(outbound, span, started).await
+        }))
+    }
+
+    /// Publishes a built message in its span, waits for the confirm, and records the
+    /// outcome in the publish metric and the span.
+    async fn send_built(
+        &self,
+        outbound: Outbound,
+        span: tracing::Span,
+        started: Instant,
+    ) -> Result<PublishResult, Error> {
         let result = async { self.start(outbound, None).await?.finish(started).await }
             .instrument(span.clone())
             .await;

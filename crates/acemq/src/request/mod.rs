@@ -8,9 +8,12 @@
 //!   [`Requester::request`] publishes through the connection's normal confirmed path (so
 //!   the envelope — id, type, origin, first-seen, `traceparent` — is written as on any
 //!   publish) with a fresh UUID in `x-acemq-correlation` and the reply queue in **both**
-//!   the `acemq-reply-to` header and the AMQP `reply_to` property, then waits for the reply
-//!   whose `x-acemq-correlation` matches. A reply that matches nothing (its request timed
-//!   out, or was dropped) is acked, counted as *unmatched* and dropped.
+//!   the `acemq-reply-to` header and the AMQP `reply_to` property, and waits for the reply
+//!   whose `x-acemq-correlation` matches. A publish that fails before the reply comes
+//!   (unroutable, nacked, in doubt) fails the request; a reply that comes before the
+//!   request's confirm answers at once (it proves the request arrived; the confirm is still
+//!   awaited, in a task, for the publish metric and span). A reply that matches nothing
+//!   (its request timed out, or was dropped) is acked, counted as *unmatched* and dropped.
 //! - [`Responder`] (`mq.respond(queue, options, handler)`): a consumer like any other (it
 //!   is built on the consume machinery, so retries, dead letters, drain, recovery and
 //!   health apply), whose handler returns the answer. A handler failure that is final

@@ -251,11 +251,30 @@ impl Requester {
             options = options.expiration(timeout);
         }
         let exchange_and_wait = async {
-            publisher
-                .send_with(request, options)
-                .await
+            let mut sending = publisher
+                .into_sending(request, options)
                 .map_err(RequestError::Publish)?;
-            slot.reply().await.ok_or(RequestError::Closed)
+            // A reply proves the request arrived, so it is not kept waiting for the request's
+            // confirm: RabbitMQ confirms a persistent message once it is on disk or acked, and
+            // the responder acks only after its reply was confirmed, which waits for this
+            // requester's ack of the reply. A publish that fails (unroutable, nacked, in
+            // doubt) before a reply comes fails the request. When the reply comes first, the
+            // confirm is awaited in a task of its own, for the publish metric and span.
+            let early = tokio::select! {
+                biased;
+                sent = &mut sending => {
+                    sent.map_err(RequestError::Publish)?;
+                    None
+                }
+                reply = slot.reply() => Some(reply),
+            };
+            match early {
+                Some(reply) => {
+                    tokio::spawn(sending);
+                    reply.ok_or(RequestError::Closed)
+                }
+                None => slot.reply().await.ok_or(RequestError::Closed),
+            }
         };
         let waited = tokio::time::timeout(timeout, trace::scope(ctx, exchange_and_wait))
             .instrument(span.clone())

@@ -494,6 +494,25 @@ async fn requests_are_measured_and_traced_as_the_family_names_them() {
             .collect();
         assert_eq!(publish.len(), 1, "{publish:?}");
         assert_eq!(publish[0].field("parent_span_id"), span.field("span_id"));
+        // The reply may come before the request's confirm (it does on RabbitMQ, which
+        // confirms a persistent request once its responder acked it); the confirm is still
+        // awaited and recorded on the publish span.
+        let publish_id = publish[0].field("span_id").unwrap().to_owned();
+        support::eventually(
+            LONG,
+            "the request's publish span records its confirm",
+            || {
+                let publish_id = publish_id.clone();
+                async move {
+                    let found = support::spans::find("publish", "span_id", &publish_id);
+                    let outcome = found
+                        .first()
+                        .and_then(|p| p.field("messaging.acemq.outcome"));
+                    (outcome == Some("confirmed")).then_some(())
+                }
+            },
+        )
+        .await;
         let _ = mq.transport().delete_queue(&lonely).await;
         done(&mq, &q, &requester).await;
     })
