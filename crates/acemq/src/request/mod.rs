@@ -184,14 +184,14 @@ impl RequestError {
 /// A short name for a type, as the Java member writes a class's simple name into
 /// `x-acemq-type`: the last path segment, without generic arguments (`my_app::Quote` →
 /// `Quote`, `Vec<u8>` → `Vec`); `fallback` when that leaves nothing readable (`()`).
-pub(crate) fn simple_type_name<T: ?Sized>(fallback: &str) -> String {
+pub(crate) fn simple_type_name<T: ?Sized>(fallback: &'static str) -> &'static str {
     let full = std::any::type_name::<T>();
-    let head = full.split('<').next().unwrap_or(full);
-    let last = head.rsplit("::").next().unwrap_or(head);
+    let head = full.split_once('<').map_or(full, |(head, _)| head);
+    let last = head.rsplit_once(':').map_or(head, |(_, last)| last);
     if last.starts_with(|c: char| c.is_alphabetic()) {
-        last.to_owned()
+        last
     } else {
-        fallback.to_owned()
+        fallback
     }
 }
 

@@ -223,7 +223,7 @@ impl Requester {
             destination,
             routing_key,
             &correlation_id,
-            &message_type,
+            message_type,
             &ctx,
             parent.as_ref(),
         );
@@ -235,7 +235,7 @@ impl Requester {
         let metrics = self
             .inner
             .metrics
-            .get(transport, exchange, routing_key, &message_type);
+            .get(transport, exchange, routing_key, message_type);
         let publisher: Publisher<Req> = Publisher::with_metrics(
             engine.clone(),
             exchange.into(),
@@ -246,7 +246,7 @@ impl Requester {
         let mut options = SendOptions::new()
             .correlation_id(correlation_id.clone())
             .reply_to(shared.queue())
-            .message_type(message_type.clone());
+            .message_type(message_type);
         if timeout >= Duration::from_millis(1) {
             options = options.expiration(timeout);
         }

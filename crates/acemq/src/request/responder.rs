@@ -323,13 +323,13 @@ fn build_reply<Resp, C: Encoder<Resp>>(
     let options = SendOptions::new()
         .correlation_id(correlation_id)
         .causation_id(request_id)
-        .message_type(message_type.clone())
+        .message_type(message_type)
         .persistent(false);
     let mut out = prepare(codec, "", reply_to, answer, options, &engine.origin)?;
     let (ctx, parent) = TraceContext::for_publish();
     ctx.inject(&mut out.properties.headers);
     let id = out.properties.message_id.as_deref().unwrap_or_default();
-    let span = trace::publish_span("", reply_to, id, &message_type, &ctx, parent.as_ref());
+    let span = trace::publish_span("", reply_to, id, message_type, &ctx, parent.as_ref());
     Ok(Reply { out, span })
 }
 
