@@ -12,14 +12,14 @@ pub struct PublishResult {
     /// The envelope id (also the AMQP `message_id`).
     pub message_id: String,
     /// Reached at least one queue. Known for mandatory publishes (the default); a
-    /// publish made with [`Publisher::allow_unroutable`] reports `false` when the broker
+    /// publish made with [`Publisher::allow_unroutable`](super::Publisher::allow_unroutable) reports `false` when the broker
     /// could not say.
     pub routed: bool,
     /// From the call to the confirm.
     pub latency: Duration,
 }
 
-/// Per-message envelope fields and AMQP options for [`Publisher::send_with`].
+/// Per-message envelope fields and AMQP options for [`Publisher::send_with`](super::Publisher::send_with).
 ///
 /// ```
 /// use acemq::publish::SendOptions;
