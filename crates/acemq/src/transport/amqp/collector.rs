@@ -1,5 +1,6 @@
-//! The confirm collector of one confirm-mode channel: it receives every written publish in
-//! order ([`Pending`]), waits for the front confirm, gathers every later one already
+//! The confirm collector of one confirm-mode channel: it receives every publish lapin has
+//! queued, in order ([`Pending`]), waits for the front one to be written and confirmed,
+//! gathers every later one already
 //! resolved, and answers each publish by its own id (routed, unroutable, nacked, rejected,
 //! or in doubt on a timeout or a block). Why it works this way is in `publisher`'s module
 //! docs; the returns' bookkeeping is in `returns`.
@@ -47,7 +48,7 @@ pub(super) struct Pending {
     pub(super) exchange: u64,
     /// The publish's number on its channel ([`Written::begin`]), for matching returns.
     pub(super) seq: u64,
-    /// When the frames were written (the confirm deadline is `confirm_timeout` later).
+    /// When the frames were queued (the confirm deadline is `confirm_timeout` later).
     pub(super) published: Instant,
     pub(super) confirm: Confirming,
     /// `None` once answered (by a timeout).
