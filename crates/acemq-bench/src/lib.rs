@@ -11,6 +11,8 @@ use std::time::Duration;
 mod ace;
 /// The codec scenarios (`--codecs`).
 pub mod codecs;
+/// The floor of scenario 5 (`--floor`): the contract's per-message work, bare.
+pub mod floor;
 mod raw;
 mod request;
 /// How cost grows with scale (`--scale`).

@@ -11,6 +11,19 @@ use acemq_bench::{
 };
 use clap::Parser;
 
+/// Diagnostic (`--features mimalloc`): both sides on mimalloc instead of the system
+/// allocator; every table then says so.
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// The allocator this binary was built with, as the tables name it.
+const ALLOCATOR: &str = if cfg!(feature = "mimalloc") {
+    "mimalloc"
+} else {
+    "the system allocator"
+};
+
 #[derive(Parser, Debug)]
 #[command(
     version,
@@ -71,6 +84,12 @@ struct Args {
     /// no broker; `--messages` per codec, default 20,000).
     #[arg(long)]
     codecs: bool,
+    /// Run the floor of scenario 5 instead: the wire contract's per-message work written
+    /// bare (no AceMQ, no broker), each step alone and all of them in a producer -> consumer
+    /// pipe, beside AceMQ's `memory://` scenario 5 in the same run (`--messages`, default
+    /// 200,000; `--rounds`).
+    #[arg(long)]
+    floor: bool,
 }
 
 impl Args {
@@ -193,6 +212,9 @@ async fn bench(mut args: Args) -> Result<()> {
         }
         return Ok(());
     }
+    if args.floor {
+        return floor(&args, rounds).await;
+    }
     if args.codecs {
         let n = args
             .messages
@@ -310,7 +332,7 @@ async fn bench(mut args: Args) -> Result<()> {
 
     println!();
     println!(
-        "{} byte messages, {rounds} round(s), medians; latency p50 / p99 in ms",
+        "{} byte messages, {rounds} round(s), medians; latency p50 / p99 in ms; {ALLOCATOR}",
         args.size
     );
     println!(
@@ -443,4 +465,45 @@ async fn memory_request_reply_row(n: u64, args: &Args, rounds: usize) -> Result<
         raw: None,
         acemq: summarize(&samples),
     })
+}
+
+/// `--floor`: the floor's steps and pipe, then AceMQ's scenario 5, `rounds` times each
+/// (alternating), medians.
+async fn floor(args: &Args, rounds: usize) -> Result<()> {
+    let n = args.count(Scenario::Memory);
+    let (mut floors, mut acemq) = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        if round % 2 == 1 {
+            acemq.push(acemq_bench::memory_publish_consume(n, args.size).await?);
+        }
+        floors.push(acemq_bench::floor::run(n, args.size).await?);
+        if round % 2 == 0 {
+            acemq.push(acemq_bench::memory_publish_consume(n, args.size).await?);
+        }
+    }
+    let pipes: Vec<Sample> = floors.iter().map(|f| f.pipe.clone()).collect();
+    let pipe = summarize(&pipes);
+    let batches: Vec<Sample> = floors.iter().map(|f| f.batched.clone()).collect();
+    let batched = summarize(&batches);
+    let mut median = floors[floors.len() / 2].clone();
+    for (i, step) in median.steps.iter_mut().enumerate() {
+        step.ns = median_f64(floors.iter().map(|f| f.steps[i].ns).collect());
+    }
+    let ace = summarize(&acemq);
+    println!(
+        "floor of scenario 5 ({n} messages of {} bytes, {rounds} round(s), medians; {ALLOCATOR})\n",
+        args.size
+    );
+    print!("{}", median.table());
+    println!(
+        "\n| run | msg/s | us CPU per message |\n|---|---|---|\n| floor pipe, a hand-over per message (bare: no broker, confirms, window, spans, metrics) | {:.0} | {:.2} |\n| floor pipe, a hand-over per {} | {:.0} | {:.2} |\n| AceMQ memory:// (scenario 5) | {:.0} | {:.2} |",
+        pipe.rate,
+        pipe.cpu_us,
+        acemq_bench::floor::BATCH,
+        batched.rate,
+        batched.cpu_us,
+        ace.rate,
+        ace.cpu_us
+    );
+    Ok(())
 }
