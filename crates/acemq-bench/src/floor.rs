@@ -132,11 +132,9 @@ fn parse_traceparent(s: &str) -> Option<(u128, u64)> {
     Some((trace, span))
 }
 
-/// The publishing side of one message: id, body, envelope and trace context.
-fn build(payload: &Payload, origin: &str) -> Result<Bare> {
-    let id = Uuid::new_v4().hyphenated().to_string();
-    let body = serde_json::to_vec(payload)?;
-    let headers = vec![
+/// The seven envelope headers written always, and the trace context.
+fn headers(id: String, origin: &str, traceparent: String) -> Vec<(&'static str, Value)> {
+    vec![
         (CORRELATION, Value::Str(id.clone())),
         (ID, Value::Str(id)),
         (TYPE, Value::Str("bench".to_owned())),
@@ -144,9 +142,18 @@ fn build(payload: &Payload, origin: &str) -> Result<Bare> {
         (ATTEMPT, Value::I32(1)),
         (FIRST_SEEN, Value::I64(now_ms())),
         (ORIGIN, Value::Str(origin.to_owned())),
-        (TRACEPARENT, Value::Str(traceparent())),
-    ];
-    Ok(Bare { headers, body })
+        (TRACEPARENT, Value::Str(traceparent)),
+    ]
+}
+
+/// The publishing side of one message: id, body, envelope and trace context.
+fn build(payload: &Payload, origin: &str) -> Result<Bare> {
+    let id = Uuid::new_v4().hyphenated().to_string();
+    let body = serde_json::to_vec(payload)?;
+    Ok(Bare {
+        headers: headers(id, origin, traceparent()),
+        body,
+    })
 }
 
 fn find<'a>(m: &'a Bare, name: &str) -> Option<&'a Value> {
@@ -227,18 +234,12 @@ pub async fn run(n: u64, size: usize) -> Result<Floor> {
         Step {
             what: "the seven envelope headers written, then found and read",
             ns: time_ns(n, |_| {
-                let id = String::from("6f1e0c2a-8d4b-4f7e-9a51-0c3d2b1a4e5f");
                 let m = Bare {
-                    headers: vec![
-                        (CORRELATION, Value::Str(id.clone())),
-                        (ID, Value::Str(id)),
-                        (TYPE, Value::Str("bench".to_owned())),
-                        (VERSION, Value::I32(1)),
-                        (ATTEMPT, Value::I32(1)),
-                        (FIRST_SEEN, Value::I64(now_ms())),
-                        (ORIGIN, Value::Str(origin.clone())),
-                        (TRACEPARENT, Value::Str(String::new())),
-                    ],
+                    headers: headers(
+                        String::from("6f1e0c2a-8d4b-4f7e-9a51-0c3d2b1a4e5f"),
+                        &origin,
+                        String::new(),
+                    ),
                     body: Vec::new(),
                 };
                 for name in [ID, TYPE, CORRELATION, ORIGIN, VERSION, ATTEMPT, FIRST_SEEN] {
