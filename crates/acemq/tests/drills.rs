@@ -597,7 +597,9 @@ async fn drill_tls_mutual_forced_close_and_refusals() {
             .await;
         d.wait_flowing(50).await;
     }
+    eprintln!("DIAG before finish: {:?}", our_connections(Some(NODE), &name));
     d.finish(&raw(AMQP_URL, &name).await).await;
+    eprintln!("DIAG after finish: {:?}", our_connections(Some(NODE), &name));
 
     let refusals: [(&str, &str, ConnectionOptions, TlsFailure, &str); 5] = [
         (
@@ -663,5 +665,15 @@ async fn drill_tls_mutual_forced_close_and_refusals() {
     }
     // Nothing of ours is left on the node.
     let left = our_connections(Some(NODE), &name).expect("rabbitmqctl list_connections");
+    if !left.is_empty() {
+        let t0 = Instant::now();
+        loop {
+            let now = our_connections(Some(NODE), &name).expect("rabbitmqctl list_connections");
+            let st = std::process::Command::new("rabbitmqctl").args(["-n", NODE, "list_connections", "--no-table-headers", "pid", "state", "recv_oct", "send_oct", "send_pend"]).output().map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+            eprintln!("DIAG +{}ms left {now:?} {st:?}", t0.elapsed().as_millis());
+            if now.is_empty() || t0.elapsed() > Duration::from_secs(45) { break; }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
     assert!(left.is_empty(), "connections left on {NODE}: {left:?}");
 }

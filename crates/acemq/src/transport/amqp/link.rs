@@ -21,6 +21,7 @@ use tokio::time::Instant;
 use tracing::debug;
 
 use super::errors::from_lapin;
+use super::socket::{self, SocketHandle};
 use super::tls;
 use super::{AmqpOptions, Credentials, Inner, TlsOptions};
 use crate::transport::TransportError;
@@ -39,6 +40,9 @@ const STATUS_REFRESH: Duration = Duration::from_secs(1);
 pub(crate) struct Link {
     pub(crate) side: Side,
     conn: RwLock<Arc<Connection>>,
+    /// The current connection's socket, ended when the connection is lost, replaced or
+    /// closed (see [`super::socket`]).
+    socket: std::sync::Mutex<SocketHandle>,
     /// Set from the loss until the replacement is ready (topology declared again).
     recovering: AtomicBool,
     /// Recovery stopped for good.
@@ -59,10 +63,11 @@ impl std::fmt::Debug for Link {
 }
 
 impl Link {
-    pub(crate) fn new(side: Side, conn: Connection) -> Self {
+    pub(crate) fn new(side: Side, (conn, socket): (Connection, SocketHandle)) -> Self {
         Link {
             side,
             conn: RwLock::new(Arc::new(conn)),
+            socket: std::sync::Mutex::new(socket),
             recovering: AtomicBool::new(false),
             gave_up: AtomicBool::new(false),
             generation: watch::Sender::new(0),
@@ -84,8 +89,29 @@ impl Link {
         self.conn.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    fn replace(&self, conn: Connection) {
+    /// Puts the redialled connection in place; the socket of the one it replaces (lost, or
+    /// closed after a failed redeclare) is shut.
+    fn replace(&self, (conn, socket): (Connection, SocketHandle)) {
         *self.conn.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(conn);
+        self.take_socket_for(socket).shut();
+    }
+
+    /// Swaps in `next` as the socket handle and returns the one it replaces.
+    fn take_socket_for(&self, next: SocketHandle) -> SocketHandle {
+        std::mem::replace(
+            &mut *self.socket.lock().unwrap_or_else(|e| e.into_inner()),
+            next,
+        )
+    }
+
+    /// Shuts the current connection's socket now (the transport closed).
+    pub(crate) fn shut_socket(&self) {
+        self.take_socket_for(SocketHandle::default()).shut();
+    }
+
+    /// Shuts the lost connection's socket after a grace left to lapin.
+    fn retire_socket(&self) {
+        self.take_socket_for(SocketHandle::default()).retire();
     }
 
     /// Connected and not in the middle of a recovery.
@@ -157,14 +183,17 @@ impl Dialer {
     }
 
     /// Opens one connection for `side` at the next address.
-    pub(crate) async fn dial(&self, side: Side) -> (String, Result<Connection, TransportError>) {
+    pub(crate) async fn dial(
+        &self,
+        side: Side,
+    ) -> (String, Result<(Connection, SocketHandle), TransportError>) {
         let address = self.next_address();
         let name = format!("{} ({})", self.name, side.as_str());
         let properties = ConnectionProperties::default().with_connection_name(name.into());
         let dialled = async {
             match self.uri(&address) {
                 Ok(uri) if uri.scheme == AMQPScheme::AMQPS => self.dial_tls(uri, properties).await,
-                Ok(uri) => Connection::connect_uri(uri, properties)
+                Ok(uri) => socket::connect(uri, properties, None)
                     .await
                     .map_err(from_lapin),
                 Err(e) => Err(e),
@@ -191,7 +220,7 @@ impl Dialer {
         &self,
         uri: AMQPUri,
         properties: ConnectionProperties,
-    ) -> Result<Connection, TransportError> {
+    ) -> Result<(Connection, SocketHandle), TransportError> {
         let connector = self
             .connector
             .get_or_init(|| tls::connector(&self.tls))
@@ -202,7 +231,7 @@ impl Dialer {
             .server_name
             .clone()
             .unwrap_or_else(|| uri.authority.host.clone());
-        tls::connect(uri, properties, connector, server_name)
+        socket::connect(uri, properties, Some((connector, server_name)))
             .await
             .map_err(|e| tls::classify(&e, &host_port).unwrap_or_else(|| from_lapin(e)))
     }
@@ -214,7 +243,7 @@ impl Dialer {
         side: Side,
         budget: Duration,
         policy: &RecoveryPolicy,
-    ) -> Result<Connection, TransportError> {
+    ) -> Result<(Connection, SocketHandle), TransportError> {
         let deadline = Instant::now() + budget;
         let mut attempt = 0u32;
         loop {
@@ -378,8 +407,8 @@ async fn redial(
             return None;
         }
         let (address, opened) = s.dialer.dial(side).await;
-        let conn = match opened {
-            Ok(c) => c,
+        let dialled = match opened {
+            Ok(d) => d,
             // A TLS failure while recovering keeps being retried (and reported in each
             // `Retrying` event): a node that came back with a certificate being rotated
             // or a load balancer mid-change is fixed on the server side, and a service
@@ -393,13 +422,14 @@ async fn redial(
                 continue;
             }
         };
-        let events = conn.events_listener();
+        let events = dialled.0.events_listener();
         let link = s.link(side);
-        link.replace(conn);
+        link.replace(dialled);
         if let Err(e) = s.after_reconnect(side).await {
             last_error = format!("reconnected, but declaring the topology again failed: {e}");
             link.end_generation();
             let _ = link.current().close(200, "OK".into()).await;
+            link.shut_socket();
             continue;
         }
         link.recovering.store(false, Ordering::Release);
@@ -427,6 +457,7 @@ impl Inner {
         let link = self.link(side);
         link.recovering.store(true, Ordering::Release);
         link.end_generation();
+        link.retire_socket();
         if side == Side::Publish {
             // A new connection starts unblocked; a stale reason must not outlive the old one.
             self.status.send_modify(|s| s.blocked = None);

@@ -37,6 +37,7 @@ mod link;
 mod options;
 mod publisher;
 mod returns;
+mod socket;
 mod subscription;
 mod tls;
 mod topology;
@@ -132,18 +133,19 @@ impl AmqpTransport {
         let publish = dialer
             .dial_with_budget(Side::Publish, budget, &policy)
             .await?;
-        let publish_events = publish.events_listener();
+        let publish_events = publish.0.events_listener();
         let consume = match dialer
             .dial_with_budget(Side::Consume, budget, &policy)
             .await
         {
             Ok(c) => c,
             Err(e) => {
-                let _ = publish.close(200, "OK".into()).await;
+                let _ = publish.0.close(200, "OK".into()).await;
+                publish.1.shut();
                 return Err(e);
             }
         };
-        let consume_events = consume.events_listener();
+        let consume_events = consume.0.events_listener();
         let (tx, status_rx) = watch::channel(TransportStatus {
             connected: true,
             blocked: None,
@@ -485,6 +487,10 @@ impl Transport for AmqpTransport {
                     }
                 }
             }
+            // A connection that was not open (lost, its socket possibly still held by
+            // lapin) or whose close-ok came: its socket goes now.
+            inner.publisher.link().shut_socket();
+            inner.consume.shut_socket();
             // Only now drop the channels: dropping one sends channel.close, which would race
             // with the connection close.
             inner.publisher.release().await;

@@ -1,6 +1,6 @@
-//! `amqps://` connections: the rustls connector built from [`TlsOptions`], the TCP + TLS
-//! dial lapin runs through [`lapin::Connection::connector`] (so the name verified can differ
-//! from the URL's host), and TLS failures told apart from an unreachable broker.
+//! `amqps://` connections: the rustls connector built from [`TlsOptions`] (the dial itself,
+//! TCP then TLS verifying a name that can differ from the URL's host, is
+//! [`super::socket::connect`]'s), and TLS failures told apart from an unreachable broker.
 //!
 //! A handshake failure reaches us as lapin's I/O error around an [`std::io::Error`] around
 //! the [`rustls::Error`]; [`classify`] finds that rustls error in the chain and sorts it
@@ -9,10 +9,8 @@
 //! first read: it is in the same chain.
 
 use std::io;
-use std::sync::Arc;
 
-use lapin::tcp::{AsyncTcpStream, RustlsConnector, RustlsConnectorConfig};
-use lapin::uri::AMQPUri;
+use lapin::tcp::{RustlsConnector, RustlsConnectorConfig};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::{AlertDescription, CertificateError};
@@ -58,34 +56,6 @@ pub(crate) fn connector(tls: &TlsOptions) -> Result<RustlsConnector, TransportEr
             .map_err(|e| config_error("cannot build the TLS configuration", &e))?,
     };
     Ok(connector)
-}
-
-/// Opens a lapin connection over TCP + TLS with `connector`, verifying `server_name` (the
-/// URL's host unless [`TlsOptions::server_name`] says otherwise).
-pub(crate) async fn connect(
-    uri: AMQPUri,
-    properties: lapin::ConnectionProperties,
-    connector: RustlsConnector,
-    server_name: String,
-) -> lapin::Result<lapin::Connection> {
-    let runtime = lapin::runtime::default_runtime()?;
-    let (connector, server_name) = (Arc::new(connector), Arc::new(server_name));
-    lapin::Connection::connector(
-        uri,
-        runtime,
-        async move |uri: AMQPUri, runtime| {
-            let addrs = runtime.to_socket_addrs((uri.authority.host.clone(), uri.authority.port));
-            let stream = AsyncTcpStream::connect(&runtime, addrs)
-                .await
-                .map_err(lapin::Error::from)?;
-            stream
-                .into_rustls(&connector, &server_name)
-                .await
-                .map_err(lapin::Error::from)
-        },
-        properties,
-    )
-    .await
 }
 
 /// The rustls error somewhere in `error`'s source chain (looking inside [`io::Error`]s,
@@ -193,7 +163,7 @@ mod tests {
             ),
             (
                 rustls::Error::InvalidCertificate(CertificateError::Other(rustls::OtherError(
-                    Arc::new(io::Error::other("UnsupportedCertVersion")),
+                    std::sync::Arc::new(io::Error::other("UnsupportedCertVersion")),
                 ))),
                 TlsFailure::UnsupportedCertificate,
                 "X.509 v3",
