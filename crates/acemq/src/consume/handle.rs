@@ -333,10 +333,7 @@ where
                 envelope: envelope.clone(),
                 headers: headers.clone(),
             };
-            let cause = Cause {
-                correlation_id: envelope.correlation_id().to_owned(),
-                message_id: envelope.id().to_owned(),
-            };
+            let cause = Cause(envelope.clone());
             ctx.settler.stats.handler_running(true);
             let outcome = cause::scope(
                 cause,

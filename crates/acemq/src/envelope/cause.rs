@@ -4,18 +4,29 @@
 //! every field the caller did not set.
 
 use std::future::Future;
+use std::sync::Arc;
+
+use super::Envelope;
 
 tokio::task_local! {
     static CAUSE: Cause;
 }
 
-/// The message being handled, as its handler's publishes see it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Cause {
+/// The message being handled, as its handler's publishes see it: its envelope, shared (a
+/// delivery whose handler publishes nothing copies no id).
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Cause(pub(crate) Arc<Envelope>);
+
+impl Cause {
     /// The incoming correlation id, carried on.
-    pub(crate) correlation_id: String,
+    pub(crate) fn correlation_id(&self) -> &str {
+        self.0.correlation_id()
+    }
+
     /// The incoming message id: the causation of what the handler publishes.
-    pub(crate) message_id: String,
+    pub(crate) fn message_id(&self) -> &str {
+        self.0.id()
+    }
 }
 
 /// Runs `fut` (a handler) with `cause` as what its publishes inherit.

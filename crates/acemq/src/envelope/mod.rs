@@ -168,29 +168,47 @@ impl Envelope {
     /// Writes every `x-acemq-*` field into `headers` with its wire type, replacing what
     /// was there, and removes optional ones that are unset. Stamps `origin` when unset.
     /// Replay provenance (`acemq-*`) is written only when present.
+    ///
+    /// ```
+    /// use acemq::envelope::Envelope;
+    /// use acemq::headers::Headers;
+    /// let mut h = Headers::new();
+    /// Envelope::new("order.placed").write(&mut h, "svc@host");
+    /// assert_eq!(h["x-acemq-type"].as_str(), Some("order.placed"));
+    /// assert_eq!(h["x-acemq-origin"].as_str(), Some("svc@host"));
+    /// ```
     pub fn write(&self, headers: &mut Headers, default_origin: &str) {
-        headers.insert(ID.into(), HeaderValue::Str(self.id.clone()));
-        headers.insert(TYPE.into(), HeaderValue::Str(self.message_type.clone()));
+        self.clone().into_headers(headers, default_origin);
+    }
+
+    /// [`Envelope::write`], consuming the envelope: its strings move into the headers
+    /// instead of being copied (what every publish does once it has built its envelope).
+    ///
+    /// ```
+    /// use acemq::envelope::Envelope;
+    /// use acemq::headers::Headers;
+    /// let mut h = Headers::new();
+    /// Envelope::new("order.placed").with_id("o-1").into_headers(&mut h, "svc@host");
+    /// assert_eq!(h["x-acemq-id"].as_str(), Some("o-1"));
+    /// assert_eq!(h["x-acemq-correlation"].as_str(), Some("o-1"));
+    /// ```
+    pub fn into_headers(self, headers: &mut Headers, default_origin: &str) {
+        headers.insert(ID.into(), HeaderValue::Str(self.id));
+        headers.insert(TYPE.into(), HeaderValue::Str(self.message_type));
         headers.insert(VERSION.into(), HeaderValue::I32(self.version));
-        headers.insert(
-            CORRELATION.into(),
-            HeaderValue::Str(self.correlation_id.clone()),
-        );
-        set_opt(headers, CAUSATION, &self.causation_id);
+        headers.insert(CORRELATION.into(), HeaderValue::Str(self.correlation_id));
+        set_opt(headers, CAUSATION, self.causation_id);
         headers.insert(ATTEMPT.into(), HeaderValue::I32(self.attempt));
         headers.insert(
             FIRST_SEEN.into(),
             HeaderValue::I64(self.first_seen_ms.unwrap_or_else(now_millis)),
         );
-        let origin = self
-            .origin
-            .clone()
-            .unwrap_or_else(|| default_origin.to_owned());
+        let origin = self.origin.unwrap_or_else(|| default_origin.to_owned());
         headers.insert(ORIGIN.into(), HeaderValue::Str(origin));
-        set_opt(headers, ERROR, &self.error);
-        set_opt(headers, CLAIM, &self.claim);
-        if let Some(from) = &self.replayed_from {
-            headers.insert(REPLAYED_FROM.into(), HeaderValue::Str(from.clone()));
+        set_opt(headers, ERROR, self.error);
+        set_opt(headers, CLAIM, self.claim);
+        if let Some(from) = self.replayed_from {
+            headers.insert(REPLAYED_FROM.into(), HeaderValue::Str(from));
         }
         if let Some(at) = self.replayed_at {
             headers.insert(REPLAYED_AT.into(), HeaderValue::Str(format_instant(at)));
@@ -198,8 +216,8 @@ impl Envelope {
         if self.replay_count > 0 {
             headers.insert(REPLAY_COUNT.into(), HeaderValue::I32(self.replay_count));
         }
-        if let Some(r) = &self.reply_to {
-            headers.insert(REPLY_TO.into(), HeaderValue::Str(r.clone()));
+        if let Some(r) = self.reply_to {
+            headers.insert(REPLY_TO.into(), HeaderValue::Str(r));
         }
         match &self.route {
             Some(route) => route.write(headers),
@@ -364,11 +382,12 @@ impl Envelope {
 /// assert!(app.contains_key("x-tenant"));
 /// ```
 pub fn application_headers(headers: &Headers) -> Headers {
-    headers
-        .iter()
-        .filter(|(k, _)| !is_reserved(k))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect()
+    // Inserted one by one: `collect` would gather them in a vector and sort it first.
+    let mut app = Headers::new();
+    for (k, v) in headers.iter().filter(|(k, _)| !is_reserved(k)) {
+        app.insert(k.clone(), v.clone());
+    }
+    app
 }
 
 /// Refuses application headers that use the reserved prefix.
@@ -537,10 +556,10 @@ fn positive(value: Option<&HeaderValue>) -> i32 {
         .unwrap_or(1)
 }
 
-fn set_opt(headers: &mut Headers, name: &'static str, value: &Option<String>) {
+fn set_opt(headers: &mut Headers, name: &'static str, value: Option<String>) {
     match value {
         Some(v) if !v.is_empty() => {
-            headers.insert(name.into(), HeaderValue::Str(v.clone()));
+            headers.insert(name.into(), HeaderValue::Str(v));
         }
         _ => {
             headers.remove(name);

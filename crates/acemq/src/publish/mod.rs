@@ -399,11 +399,14 @@ fn prepare_with<T: ?Sized, E: Encoder<T> + ?Sized>(
     let cause = crate::envelope::cause::current();
     if let Some(c) = o
         .correlation_id
-        .or_else(|| cause.as_ref().map(|c| c.correlation_id.clone()))
+        .or_else(|| cause.as_ref().map(|c| c.correlation_id().to_owned()))
     {
         envelope = envelope.with_correlation_id(c);
     }
-    if let Some(c) = o.causation_id.or(cause.map(|c| c.message_id)) {
+    if let Some(c) = o
+        .causation_id
+        .or_else(|| cause.as_ref().map(|c| c.message_id().to_owned()))
+    {
         envelope = envelope.with_causation_id(c);
     }
     if let Some(v) = o.version {
@@ -419,9 +422,10 @@ fn prepare_with<T: ?Sized, E: Encoder<T> + ?Sized>(
     check_application_headers(&o.headers)?;
     let body = encoder.encode(payload)?;
     let mut headers = o.headers;
-    envelope.write(&mut headers, origin);
+    let message_id = envelope.id().to_owned();
+    envelope.into_headers(&mut headers, origin);
     let properties = Properties {
-        message_id: Some(envelope.id().to_owned()),
+        message_id: Some(message_id),
         content_type: Some(encoder.content_type().to_owned()),
         delivery_mode: Some(if o.persistent.unwrap_or(true) { 2 } else { 1 }),
         expiration,
