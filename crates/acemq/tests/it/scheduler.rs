@@ -152,39 +152,55 @@ async fn a_scheduled_message_arrives_on_time_with_its_identity() {
         let (mq, q) = destination(&target, "sched-on-time").await;
         let s = mq.scheduler().await.unwrap();
         let mut sub = mq.transport().consume(spec(&q, 10)).await.unwrap();
-        let mut headers = Headers::new();
-        headers.insert("x-tenant".into(), HeaderValue::from("acme"));
-        let id = unique("reminder");
-        let scheduled_at = epoch_ms();
-        // Scheduled inside a trace: the delivered message continues it.
-        let root = TraceContext::new_root();
-        let got = trace::scope(
-            root.clone(),
-            s.schedule_with(
-                When::After(Duration::from_secs(3)),
-                "",
-                &q,
-                acemq::codec::Text,
-                "call Ada",
-                SendOptions::new()
-                    .message_id(id.clone())
-                    .message_type("reminder.due")
-                    .correlation_id("conversation-7")
-                    .causation_id("booking-3")
-                    .headers(headers),
-            ),
-        )
-        .await
-        .unwrap();
-        assert_eq!(got, id);
-        let d = next(&mut sub, WAIT).await;
-        let arrived = epoch_ms();
-        let after = arrived - scheduled_at;
-        assert!(
-            after >= 3_000,
-            "delivered {after} ms after scheduling: early"
-        );
-        assert!(after < 3_500, "delivered {after} ms after scheduling: late");
+        // A run the machine disturbed (stalled, or the wall clock stepped) cannot judge
+        // "on time": it is scheduled again, at most three times in all.
+        let mut attempts = 0;
+        let (d, id, root) = loop {
+            attempts += 1;
+            let mut headers = Headers::new();
+            headers.insert("x-tenant".into(), HeaderValue::from("acme"));
+            let id = unique("reminder");
+            let watch = support::ClockWatch::start();
+            let scheduled_at = epoch_ms();
+            // Scheduled inside a trace: the delivered message continues it.
+            let root = TraceContext::new_root();
+            let got = trace::scope(
+                root.clone(),
+                s.schedule_with(
+                    When::After(Duration::from_secs(3)),
+                    "",
+                    &q,
+                    acemq::codec::Text,
+                    "call Ada",
+                    SendOptions::new()
+                        .message_id(id.clone())
+                        .message_type("reminder.due")
+                        .correlation_id("conversation-7")
+                        .causation_id("booking-3")
+                        .headers(headers),
+                ),
+            )
+            .await
+            .unwrap();
+            assert_eq!(got, id);
+            let d = next(&mut sub, WAIT).await;
+            let after = epoch_ms() - scheduled_at;
+            assert_eq!(d.properties.message_id.as_deref(), Some(id.as_str()));
+            if let Some(why) = watch.disturbed() {
+                assert!(
+                    attempts < 3,
+                    "{why} in every attempt: on time cannot be judged"
+                );
+                eprintln!("delivered {after} ms after scheduling, but {why}: scheduling again");
+                continue;
+            }
+            assert!(
+                after >= 3_000,
+                "delivered {after} ms after scheduling: early"
+            );
+            assert!(after < 3_500, "delivered {after} ms after scheduling: late");
+            break (d, id, root);
+        };
         let e = Envelope::read(&d.properties, &d.routing_key);
         assert_eq!(e.id(), id);
         assert_eq!(d.properties.message_id.as_deref(), Some(id.as_str()));
@@ -437,29 +453,42 @@ async fn a_one_hour_message_does_not_hold_back_a_two_second_one() {
 
 #[tokio::test(start_paused = true)]
 async fn a_thirty_day_schedule_runs_in_milliseconds_of_test_time() {
-    let (mq, q, t) = memory("sched-30d").await;
-    let s = mq.scheduler().await.unwrap();
-    let mut sub = t.consume(spec(&q, 10)).await.unwrap();
-    let real = std::time::Instant::now();
-    let start = tokio::time::Instant::now();
-    let thirty_days = Duration::from_secs(30 * 86_400);
-    let id = s
-        .after(thirty_days + Duration::from_millis(1_500), "", &q, &"renew")
-        .await
-        .unwrap();
-    let d = next(&mut sub, thirty_days * 2).await;
-    let at = start.elapsed();
-    assert_eq!(d.properties.message_id.as_deref(), Some(id.as_str()));
-    assert!(at >= thirty_days + Duration::from_millis(1_500), "{at:?}");
-    assert!(at < thirty_days + Duration::from_secs(2), "{at:?}");
-    // 720 one-hour hops, then one of a second; the last half second waited in the consumer.
-    assert_eq!(s.stats().hops, 721);
-    assert!(
-        real.elapsed() < Duration::from_secs(20),
-        "{:?}",
-        real.elapsed()
-    );
-    s.close().await;
+    // A run the machine disturbed (stalled, or the wall clock stepped: the scheduler's now
+    // follows it) cannot judge the timing: it runs again on a fresh broker, at most three
+    // times in all.
+    for attempt in 1..=3 {
+        let watch = support::ClockWatch::start();
+        let (mq, q, t) = memory("sched-30d").await;
+        let s = mq.scheduler().await.unwrap();
+        let mut sub = t.consume(spec(&q, 10)).await.unwrap();
+        let real = std::time::Instant::now();
+        let start = tokio::time::Instant::now();
+        let thirty_days = Duration::from_secs(30 * 86_400);
+        let id = s
+            .after(thirty_days + Duration::from_millis(1_500), "", &q, &"renew")
+            .await
+            .unwrap();
+        let d = next(&mut sub, thirty_days * 2).await;
+        let at = start.elapsed();
+        let real = real.elapsed();
+        s.close().await;
+        assert_eq!(d.properties.message_id.as_deref(), Some(id.as_str()));
+        if let Some(why) = watch.disturbed() {
+            assert!(
+                attempt < 3,
+                "{why} in every attempt: the timing cannot be judged"
+            );
+            eprintln!("delivered at {at:?} of test time after {real:?}, but {why}: again");
+            continue;
+        }
+        assert!(at >= thirty_days + Duration::from_millis(1_500), "{at:?}");
+        assert!(at < thirty_days + Duration::from_secs(2), "{at:?}");
+        // 720 one-hour hops, then one of a second; the last half second waited in the
+        // consumer.
+        assert_eq!(s.stats().hops, 721);
+        assert!(real < Duration::from_secs(20), "{real:?}");
+        return;
+    }
 }
 
 #[tokio::test(start_paused = true)]

@@ -299,6 +299,98 @@ impl Drop for MemoryAlarm {
     }
 }
 
+/// A RabbitMQ queue whose process is suspended for the life of the guard (`sys:suspend`
+/// through `rabbitmqctl eval`): the broker routes to it but withholds its confirms until it
+/// is resumed, when the guard is dropped (also when the test fails). Only for a queue the
+/// test owns.
+pub struct SuspendedQueue(String);
+
+impl SuspendedQueue {
+    pub fn suspend(queue: &str) -> SuspendedQueue {
+        rabbitmqctl(&["eval", &queue_process_call(queue, "suspend")]);
+        SuspendedQueue(queue.to_owned())
+    }
+}
+
+impl Drop for SuspendedQueue {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("rabbitmqctl")
+            .args(["eval", &queue_process_call(&self.0, "resume")])
+            .status();
+    }
+}
+
+fn queue_process_call(queue: &str, call: &str) -> String {
+    format!(
+        "{{ok, Q}} = rabbit_amqqueue:lookup(rabbit_misc:r(<<\"/\">>, queue, <<\"{queue}\">>)), sys:{call}(amqqueue:get_pid(Q))."
+    )
+}
+
+/// Watches for what makes a timing judgement of this run meaningless: the machine stalling
+/// the process (a virtual machine paused, a starved CPU) or the wall clock being stepped
+/// (the scheduler's due times are wall-clock instants). A thread sleeps 10 ms at a time and
+/// keeps its worst overshoot; the wall clock is compared with the monotonic one.
+///
+/// A test that asserts "on time" runs its scenario again when [`ClockWatch::disturbed`]
+/// says so (a bounded number of times), never loosens the bound.
+pub struct ClockWatch {
+    wall: std::time::SystemTime,
+    mono: std::time::Instant,
+    worst_ms: Arc<std::sync::atomic::AtomicU64>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl ClockWatch {
+    /// A disturbance smaller than this does not void a judgement.
+    const TOLERANCE_MS: u64 = 250;
+
+    pub fn start() -> ClockWatch {
+        use std::sync::atomic::Ordering;
+        let worst_ms = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (worst, done) = (worst_ms.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let tick = Duration::from_millis(10);
+            while !done.load(Ordering::Relaxed) {
+                let before = std::time::Instant::now();
+                std::thread::sleep(tick);
+                let over = before.elapsed().saturating_sub(tick).as_millis();
+                worst.fetch_max(u64::try_from(over).unwrap_or(u64::MAX), Ordering::Relaxed);
+            }
+        });
+        ClockWatch {
+            wall: std::time::SystemTime::now(),
+            mono: std::time::Instant::now(),
+            worst_ms,
+            stop,
+        }
+    }
+
+    /// Why a timing judgement of the time since [`ClockWatch::start`] would be void, if it
+    /// would.
+    pub fn disturbed(&self) -> Option<String> {
+        let stalled = self.worst_ms.load(std::sync::atomic::Ordering::Relaxed);
+        let wall = std::time::SystemTime::now()
+            .duration_since(self.wall)
+            .map(|d| d.as_millis() as i128)
+            .unwrap_or_else(|e| -(e.duration().as_millis() as i128));
+        let step = wall - self.mono.elapsed().as_millis() as i128;
+        if step.unsigned_abs() > u128::from(Self::TOLERANCE_MS) {
+            Some(format!("the wall clock was stepped by {step} ms"))
+        } else if stalled > Self::TOLERANCE_MS {
+            Some(format!("the process was stalled for {stalled} ms"))
+        } else {
+            None
+        }
+    }
+}
+
+impl Drop for ClockWatch {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// True when CI requires every broker test to run (`ACEMQ_TEST_REQUIRE_BROKER=1`).
 pub fn broker_required() -> bool {
     std::env::var("ACEMQ_TEST_REQUIRE_BROKER").as_deref() == Ok("1")
