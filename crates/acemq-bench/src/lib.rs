@@ -31,7 +31,7 @@ pub use raw::{
 };
 pub use request::{
     REQUEST_TIMEOUT, REQUEST_WINDOW, RESPONDER_CONCURRENCY, acemq_request_reply,
-    memory_request_reply, raw_request_reply,
+    memory_request_reply, raw_request_reply, set_request_window,
 };
 pub use scenario::{Broker, Payload, QueueKind, Scenario, Side};
 pub use stats::{Clock, Sample, Span, peak_rss_kib, percentile, process_cpu};

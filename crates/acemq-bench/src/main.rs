@@ -60,6 +60,9 @@ struct Args {
     /// AceMQ does.
     #[arg(long)]
     raw_two_connections: bool,
+    /// Diagnostic: requests in flight in scenario 7, both sides (default 16).
+    #[arg(long, default_value_t = acemq_bench::REQUEST_WINDOW)]
+    window: usize,
     /// Diagnostic: run only this side of the broker scenarios (`raw` or `acemq`), e.g.
     /// under a profiler; the ratio column is then meaningless.
     #[arg(long)]
@@ -227,6 +230,7 @@ async fn bench(mut args: Args) -> Result<()> {
     }
     acemq_bench::set_raw_envelope_headers(args.raw_envelope_headers);
     acemq_bench::set_raw_two_connections(args.raw_two_connections);
+    acemq_bench::set_request_window(args.window);
     let scenarios: Vec<Scenario> = if args.scenarios.is_empty() {
         Scenario::ALL.to_vec()
     } else {

@@ -9,6 +9,7 @@
 //! acked after their confirm); on `memory://`, AceMQ alone.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -24,8 +25,20 @@ use crate::raw::{MANDATORY, check_confirm, confirm_channel, raw_properties_with_
 use crate::scenario::short;
 use crate::{BoxError, Clock, PREFETCH, Payload, Result, Sample};
 
-/// Requests in flight from the one requester.
+/// Requests in flight from the one requester, unless `--window` says otherwise.
 pub const REQUEST_WINDOW: usize = 16;
+
+static WINDOW: AtomicUsize = AtomicUsize::new(REQUEST_WINDOW);
+
+/// Sets the requests in flight of scenario 7 on both sides (a diagnostic: a smaller window
+/// runs raw lapin at AceMQ's pace, to see what the pace alone costs the broker).
+pub fn set_request_window(n: usize) {
+    WINDOW.store(n.max(1), Ordering::Relaxed);
+}
+
+fn request_window() -> usize {
+    WINDOW.load(Ordering::Relaxed)
+}
 
 /// Handlers the responder runs at once.
 pub const RESPONDER_CONCURRENCY: usize = 8;
@@ -67,7 +80,7 @@ pub async fn acemq_request_reply(
                 Ok(t.elapsed())
             }
         })
-        .buffer_unordered(REQUEST_WINDOW)
+        .buffer_unordered(request_window())
         .collect()
         .await;
     let elapsed = started.elapsed();
@@ -210,7 +223,7 @@ pub async fn raw_request_reply(
                 Ok(t.elapsed())
             }
         })
-        .buffer_unordered(REQUEST_WINDOW)
+        .buffer_unordered(request_window())
         .collect()
         .await;
     let elapsed = started.elapsed();

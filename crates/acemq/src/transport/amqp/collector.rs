@@ -1,8 +1,11 @@
 //! The confirm collector of one confirm-mode channel: it receives every publish lapin has
-//! queued, in order ([`Pending`]), waits for the front one to be written and confirmed,
-//! gathers every later one already
-//! resolved, and answers each publish by its own id (routed, unroutable, nacked, rejected,
-//! or in doubt on a timeout or a block). Why it works this way is in `publisher`'s module
+//! queued, in order ([`Pending`]), waits for any of their confirms to resolve, gathers every
+//! other one already resolved, sorts the returns they carry, and answers each publish by its
+//! own id (routed, unroutable, nacked, rejected, or in doubt on a timeout or a block) as soon
+//! as its own confirm is in: a publish is not kept waiting behind an older one whose confirm
+//! is slower (a persistent message the broker confirms only once it is on disk), unless that
+//! older one has the same return key (then they are answered in order, so that a return is
+//! claimed by the publish it belongs to). Why it works this way is in `publisher`'s module
 //! docs; the returns' bookkeeping is in `returns`.
 
 use std::collections::VecDeque;
@@ -13,6 +16,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use futures::FutureExt;
+use futures::stream::{FuturesUnordered, StreamExt};
 use lapin::Confirmation as LapinConfirmation;
 use lapin::{Channel, ConnectionStatus};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -65,26 +69,31 @@ pub(super) fn exchange_tag(exchange: &str) -> u64 {
     h.finish()
 }
 
-/// A publish whose confirm has resolved, waiting to be answered with its batch.
-struct Done {
+/// A publish in the collector's queue (in publish order), its confirm being awaited in
+/// [`Confirms`].
+struct Waiting {
     pending: Pending,
-    result: Resolved,
-    /// The return lapin attached to this publish's confirm when it is this publish's own.
-    own_return: Option<Returned>,
+    /// Its confirm's result once resolved, with the return lapin attached to it when that
+    /// return is this publish's own (returns it carried for others are held already).
+    done: Option<(Resolved, Option<Returned>)>,
 }
+
+/// Every confirm being awaited, each tagged with its publish's number.
+type Confirms = FuturesUnordered<Pin<Box<dyn Future<Output = (u64, Resolved)> + Send>>>;
 
 // A short-lived stack value, once per collector turn (see `Resolved`).
 #[allow(clippy::large_enum_variant)]
 enum Event {
-    Front(Resolved),
+    Resolved(u64, Resolved),
     Deadline,
     Status(bool),
+    Stranded,
 }
 
 /// Answers every unanswered publish in `queue` as in doubt, keeping the confirms (a return
 /// they carry later still reaches the map).
-fn answer_in_doubt(queue: &mut VecDeque<Pending>, now: Instant, only_before: Option<Instant>) {
-    for p in queue.iter_mut() {
+fn answer_in_doubt(queue: &mut VecDeque<Waiting>, now: Instant, only_before: Option<Instant>) {
+    for p in queue.iter_mut().map(|w| &mut w.pending) {
         if only_before.is_some_and(|limit| p.published > limit) {
             break;
         }
@@ -107,16 +116,30 @@ pub(super) struct Inbox {
 }
 
 impl Inbox {
-    /// Moves every publish already handed over into `queue` (after one taken from
-    /// `incoming` directly), and notes the highest number received.
-    fn pull(&mut self, queue: &mut VecDeque<Pending>) {
+    /// Moves every publish already handed over into `queue` and its confirm into
+    /// `confirms`, and notes the highest number received.
+    fn pull(&mut self, queue: &mut VecDeque<Waiting>, confirms: &mut Confirms) {
         while let Ok(p) = self.incoming.try_recv() {
-            queue.push_back(p);
+            enqueue(p, queue, confirms);
         }
         self.received = queue
             .back()
-            .map_or(self.received, |p| p.seq.max(self.received));
+            .map_or(self.received, |w| w.pending.seq.max(self.received));
     }
+}
+
+/// Queues one publish and awaits its confirm (taken out of it) among `confirms`.
+fn enqueue(mut p: Pending, queue: &mut VecDeque<Waiting>, confirms: &mut Confirms) {
+    let seq = p.seq;
+    let confirm = std::mem::replace(
+        &mut p.confirm,
+        Box::pin(futures::future::pending::<Resolved>()),
+    );
+    confirms.push(Box::pin(confirm.map(move |r| (seq, r))));
+    queue.push_back(Waiting {
+        pending: p,
+        done: None,
+    });
 }
 
 /// The confirm collector of one publisher channel. Ends when the publisher dropped its
@@ -133,50 +156,51 @@ pub(super) async fn collect(
     mut status: watch::Receiver<TransportStatus>,
 ) {
     let mut watching = true;
-    let mut queue: VecDeque<Pending> = VecDeque::new();
+    let mut queue: VecDeque<Waiting> = VecDeque::new();
+    let mut confirms = Confirms::new();
     let mut returns = Returns::default();
-    let mut batch: Vec<Done> = Vec::new();
     let sleep = tokio::time::sleep(confirm_timeout);
     tokio::pin!(sleep);
     let mut armed: Option<Instant> = None;
     loop {
         // Not a clear when the queue is empty: a return may belong to a publish that lapin
         // has confirmed but that has not been handed over yet (see `returns`).
-        returns.expire(horizon(queue.front().map(|p| p.seq), inbox.received));
+        returns.expire(horizon(
+            queue.front().map(|w| w.pending.seq),
+            inbox.received,
+        ));
         if queue.is_empty() {
             match inbox.incoming.recv().await {
-                Some(p) => queue.push_back(p),
+                Some(p) => enqueue(p, &mut queue, &mut confirms),
                 None => break,
             }
         }
-        inbox.pull(&mut queue);
+        inbox.pull(&mut queue, &mut confirms);
         if connection.blocked() {
             answer_in_doubt(&mut queue, Instant::now(), None);
         }
         let deadline = queue
             .iter()
-            .find(|p| p.reply.is_some())
-            .map(|p| p.published + confirm_timeout);
+            .find(|w| w.pending.reply.is_some())
+            .map(|w| w.pending.published + confirm_timeout);
         if let Some(d) = deadline
             && armed.is_none_or(|at| at > d)
         {
             sleep.as_mut().reset(d);
             armed = Some(d);
         }
-        let event = {
-            let Some(front) = queue.front_mut() else {
-                continue;
-            };
-            // New publishes are not waited for while one is pending: they queue up in
-            // `incoming` and are taken in bulk on the next turn (and by `gather`), so a
-            // publish does not wake the collector. Only the front confirm, the deadline
-            // and the connection state do.
-            tokio::select! {
-                biased;
-                r = &mut front.confirm => Event::Front(r),
-                () = &mut sleep, if deadline.is_some() => Event::Deadline,
-                changed = status.changed(), if watching => Event::Status(changed.is_ok()),
-            }
+        // New publishes are not waited for while one is pending: they queue up in
+        // `incoming` and are taken in bulk on the next turn (and by `gather`), so a publish
+        // does not wake the collector. Only a confirm, the deadline and the connection state
+        // do.
+        let event = tokio::select! {
+            biased;
+            Some((seq, r)) = confirms.next() => Event::Resolved(seq, r),
+            () = &mut sleep, if deadline.is_some() => Event::Deadline,
+            changed = status.changed(), if watching => Event::Status(changed.is_ok()),
+            // Every queued publish has its confirm awaited, or an older one with its key
+            // has; so this is not reached while the queue holds anything.
+            else => Event::Stranded,
         };
         match event {
             Event::Deadline => {
@@ -188,78 +212,102 @@ pub(super) async fn collect(
             }
             // The loop checks the blocked flag on every turn.
             Event::Status(open) => watching = open,
-            Event::Front(result) => {
-                if let Some(pending) = queue.pop_front() {
-                    batch.push(Done {
-                        pending,
-                        result,
-                        own_return: None,
-                    });
-                }
+            Event::Stranded => {
+                debug!("confirm collector: queued publishes without a confirm to await");
+                answer_in_doubt(&mut queue, Instant::now(), None);
+                queue.retain(|w| w.done.is_some());
+                answer(&mut queue, &mut returns);
+                queue.clear();
+            }
+            Event::Resolved(seq, result) => {
+                record(&mut queue, &mut returns, &inbox.written, seq, result);
                 gather(
                     &mut inbox,
                     &mut queue,
-                    &mut batch,
+                    &mut confirms,
                     &mut returns,
                     confirm_timeout,
                 )
                 .await;
-                answer(&mut batch, &mut returns, inbox.written.current());
+                answer(&mut queue, &mut returns);
             }
         }
     }
     debug!("publisher confirm collector finished");
 }
 
-/// Moves every already-resolved confirm at the front of `queue` into `batch`, behind a
-/// barrier on lapin's acknowledgement lock, until a pass finds nothing new. Each pass first
-/// waits (up to `limit`) for the publish being written, if any, to be handed over: lapin may
-/// have confirmed it already, with a return of this batch on its confirm.
+/// Notes the result of the publish numbered `seq` and sorts the return its confirm carries
+/// (its own is kept with it; another publish's is held for that one).
+fn record(
+    queue: &mut VecDeque<Waiting>,
+    returns: &mut Returns,
+    written: &Written,
+    seq: u64,
+    mut result: Resolved,
+) {
+    let Ok(at) = queue.binary_search_by_key(&seq, |w| w.pending.seq) else {
+        return;
+    };
+    let waiting = &mut queue[at];
+    let own = match &mut result {
+        Resolved::Confirmed(confirmation) => returns.carried(
+            confirmation,
+            waiting.pending.message_id.as_deref(),
+            written.current(),
+        ),
+        Resolved::Unwritten(_) => None,
+    };
+    waiting.done = Some((result, own));
+}
+
+/// Every other confirm already resolved is recorded, behind a barrier on lapin's
+/// acknowledgement lock, until a pass finds nothing new. Each pass first waits (up to
+/// `limit`) for the publish being written, if any, to be handed over: lapin may have
+/// confirmed it already, with the return of a publish about to be answered on its confirm.
 async fn gather(
     inbox: &mut Inbox,
-    queue: &mut VecDeque<Pending>,
-    batch: &mut Vec<Done>,
+    queue: &mut VecDeque<Waiting>,
+    confirms: &mut Confirms,
     returns: &mut Returns,
     limit: Duration,
 ) {
     loop {
         let _ = tokio::time::timeout(limit, inbox.written.settled()).await;
         returns.barrier(&inbox.channel, &inbox.written);
-        inbox.pull(queue);
-        let before = batch.len();
-        while let Some(front) = queue.front_mut() {
-            let Some(result) = (&mut front.confirm).now_or_never() else {
-                break;
-            };
-            if let Some(pending) = queue.pop_front() {
-                batch.push(Done {
-                    pending,
-                    result,
-                    own_return: None,
-                });
-            }
+        inbox.pull(queue, confirms);
+        let mut found = false;
+        while let Some(Some((seq, result))) = confirms.next().now_or_never() {
+            record(queue, returns, &inbox.written, seq, result);
+            found = true;
         }
-        if batch.len() == before {
+        if !found {
             return;
         }
     }
 }
 
-/// Answers every publish in `batch`, in publish order. `watermark` is the publish counter
-/// read after every confirm in the batch resolved.
-fn answer(batch: &mut Vec<Done>, returns: &mut Returns, watermark: u64) {
-    for done in batch.iter_mut() {
-        let own = done.pending.message_id.as_deref();
-        if let Resolved::Confirmed(result) = &mut done.result {
-            done.own_return = returns.carried(result, own, watermark);
+/// Answers every resolved publish that no older unanswered one shares a return key with,
+/// in publish order, and takes it out of the queue; the others wait for their turn.
+fn answer(queue: &mut VecDeque<Waiting>, returns: &mut Returns) {
+    let mut at = 0;
+    while at < queue.len() {
+        let ready = queue[at].done.is_some() && {
+            let key = queue[at].pending.message_id.as_deref();
+            !queue
+                .range(..at)
+                .any(|older| older.pending.message_id.as_deref() == key)
+        };
+        if !ready {
+            at += 1;
+            continue;
         }
-    }
-    for done in batch.drain(..) {
-        let Done {
+        let Some(Waiting {
             pending,
-            result,
-            own_return,
-        } = done;
+            done: Some((result, own_return)),
+        }) = queue.remove(at)
+        else {
+            continue;
+        };
         let outcome = match result {
             Resolved::Unwritten(e) => Err(from_lapin(e)),
             Resolved::Confirmed(Ok(LapinConfirmation::Nack(_))) => Ok(Confirmation::Nacked),

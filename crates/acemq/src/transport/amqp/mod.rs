@@ -13,7 +13,7 @@
 //!   would split them), keeps the status, and on loss redials with backoff across the
 //!   addresses, declares the recorded topology again and only then reports ready;
 //! * `publisher`: one confirm-mode channel (`ConfirmChannel`), publishes serialized;
-//!   `collector`: its confirms collected in publish order and each publish answered;
+//!   `collector`: its confirms collected, each publish answered once its own is in;
 //!   `returns`: returns matched to their publish by `message_id` and destination, never
 //!   dropped while their publish may still arrive;
 //! * `subscription`: one channel per subscription, prefetch before consume, settlements

@@ -20,10 +20,12 @@
 //!   a `basic.return` to whichever pending confirm completes next, and a `multiple=true` ack
 //!   completes its tags in `HashMap` order, so a return can ride on another publish's
 //!   confirm (or on a dropped one, handed over by `wait_for_confirms`). Every confirm goes,
-//!   in publish order, to a collector task (one per publisher channel). When the oldest one
-//!   resolves, the collector gathers every later confirm that is already resolved, collects
+//!   in publish order, to a collector task (one per publisher channel). When any one
+//!   resolves, the collector gathers every other confirm that is already resolved, collects
 //!   the returns carried by all of them, and answers each publish by its own id: routed,
-//!   unroutable or nacked. Before it gathers, it takes lapin's acknowledgement lock once
+//!   unroutable or nacked. A publish is not held back by an older one whose confirm is
+//!   slower (a persistent message is confirmed once on disk, a transient reply at once),
+//!   unless the older one has the same return key: those are answered in publish order. Before it gathers, it takes lapin's acknowledgement lock once
 //!   (through a single, never-awaited poll of `wait_for_confirms`), so an ack frame that is
 //!   being applied is seen whole and a return is never missed because its carrier resolved
 //!   a microsecond later; this repeats until a pass finds nothing new. A return waits for

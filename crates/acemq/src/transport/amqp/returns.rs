@@ -20,9 +20,11 @@
 //!
 //! * a publish may claim a return only when its own sequence is at most the watermark
 //!   ([`may_claim`]): a later publish with the same key cannot take an older return;
-//! * publishes are answered in sequence order, so once the collector has received every
-//!   publish up to the watermark and answered them all, nobody can claim the return and it
-//!   is dropped ([`expired`], with the [`horizon`] computed from the collector's queue).
+//! * a publish is answered only after every older one with its return key, and the
+//!   [`horizon`] is the oldest publish the collector has not answered (or the next to come
+//!   when none waits), so once the collector has received every publish up to the
+//!   watermark and answered them all, nobody can claim the return and it is dropped
+//!   ([`expired`]).
 //!
 //! The rule is exact (no timer, no guess of how late a hand-over can be) and bounded: a
 //! return outlives its last possible claimant only until the next publish reaches the
