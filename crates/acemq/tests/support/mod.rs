@@ -385,6 +385,23 @@ impl ClockWatch {
     }
 }
 
+impl ClockWatch {
+    /// Whether attempt `attempt` of `attempts` must be run again because the machine
+    /// disturbed it (said on stderr, with `seen`: what this run measured). Panics when the
+    /// last attempt was disturbed too: then the timing cannot be judged at all.
+    pub fn run_again(&self, attempt: u32, attempts: u32, seen: &str) -> bool {
+        let Some(why) = self.disturbed() else {
+            return false;
+        };
+        assert!(
+            attempt < attempts,
+            "{why} in all {attempts} attempts: the timing cannot be judged"
+        );
+        eprintln!("{seen}, but {why}: running it again");
+        true
+    }
+}
+
 impl Drop for ClockWatch {
     fn drop(&mut self) {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
