@@ -243,6 +243,15 @@ async fn a_withheld_confirm_does_not_hold_back_later_publishes() {
         .publish(Outbound::new("", slow.as_str(), props("hol-older"), "x"))
         .await
         .expect("publish");
+    tokio::pin!(older);
+    // Its confirm is withheld; meanwhile the collector has gone back to waiting (a later
+    // publish handed over then must wake it, or its confirm is never looked at).
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), &mut older)
+            .await
+            .is_err(),
+        "the suspended queue's confirm was withheld"
+    );
     let later = t
         .publish(Outbound::new("", fast.as_str(), props("hol-later"), "x"))
         .await
@@ -252,13 +261,6 @@ async fn a_withheld_confirm_does_not_hold_back_later_publishes() {
         .expect("the later publish is answered while the older one's confirm is withheld")
         .expect("confirm");
     assert_eq!(answered, Confirmation::Routed);
-    tokio::pin!(older);
-    assert!(
-        tokio::time::timeout(Duration::from_millis(300), &mut older)
-            .await
-            .is_err(),
-        "the suspended queue's confirm was withheld"
-    );
     drop(suspended);
     assert_eq!(older.await.expect("confirm"), Confirmation::Routed);
     assert_eq!(t.delete_queue(&slow).await.expect("delete"), 2);

@@ -85,6 +85,7 @@ type Confirms = FuturesUnordered<Pin<Box<dyn Future<Output = (u64, Resolved)> + 
 #[allow(clippy::large_enum_variant)]
 enum Event {
     Resolved(u64, Resolved),
+    Incoming(Option<Pending>),
     Deadline,
     Status(bool),
     Stranded,
@@ -156,6 +157,7 @@ pub(super) async fn collect(
     mut status: watch::Receiver<TransportStatus>,
 ) {
     let mut watching = true;
+    let mut inbox_open = true;
     let mut queue: VecDeque<Waiting> = VecDeque::new();
     let mut confirms = Confirms::new();
     let mut returns = Returns::default();
@@ -189,13 +191,14 @@ pub(super) async fn collect(
             sleep.as_mut().reset(d);
             armed = Some(d);
         }
-        // New publishes are not waited for while one is pending: they queue up in
-        // `incoming` and are taken in bulk on the next turn (and by `gather`), so a publish
-        // does not wake the collector. Only a confirm, the deadline and the connection state
-        // do.
+        // A new publish wakes the collector, which must poll its confirm once for lapin
+        // to wake it when that confirm is in: a publish is answered as soon as its own
+        // confirm is in, even while an older one's is withheld. Publishes that arrive while
+        // the collector is busy are taken in bulk on the next turn (and by `gather`).
         let event = tokio::select! {
             biased;
             Some((seq, r)) = confirms.next() => Event::Resolved(seq, r),
+            p = inbox.incoming.recv(), if inbox_open => Event::Incoming(p),
             () = &mut sleep, if deadline.is_some() => Event::Deadline,
             changed = status.changed(), if watching => Event::Status(changed.is_ok()),
             // Every queued publish has its confirm awaited, or an older one with its key
@@ -212,6 +215,10 @@ pub(super) async fn collect(
             }
             // The loop checks the blocked flag on every turn.
             Event::Status(open) => watching = open,
+            Event::Incoming(Some(p)) => enqueue(p, &mut queue, &mut confirms),
+            // The publisher is gone: the confirms still awaited are answered, then the
+            // loop ends (at its top, with the queue empty).
+            Event::Incoming(None) => inbox_open = false,
             Event::Stranded => {
                 debug!("confirm collector: queued publishes without a confirm to await");
                 answer_in_doubt(&mut queue, Instant::now(), None);
