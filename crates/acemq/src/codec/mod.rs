@@ -201,6 +201,10 @@ impl<T, C: Decoder<T> + ?Sized> Decoder<T> for std::sync::Arc<C> {
 /// assert!(!is_json("text/plain"));
 /// ```
 pub fn is_json(content_type: &str) -> bool {
+    // What every JSON codec of the family writes: answered without parsing.
+    if content_type == JSON {
+        return true;
+    }
     let mime = essence(content_type);
     mime == "application/json"
         || mime == "text/json"
