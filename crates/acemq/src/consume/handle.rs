@@ -325,7 +325,8 @@ where
                 redelivered: d.redelivered,
                 content_type: d.properties.content_type.clone(),
                 stream_offset: crate::headers::stream_offset(&d.properties.headers),
-                cancellation: ctx.settler.closing.child_token(),
+                closing: ctx.settler.closing.clone(),
+                cancellation: std::sync::OnceLock::new(),
             };
             let layers = ctx.settler.engine.interceptors.layers();
             let info = HandleInfo {

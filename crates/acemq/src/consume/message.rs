@@ -1,6 +1,6 @@
 //! What a handler receives.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use tokio_util::sync::CancellationToken;
 
@@ -38,7 +38,12 @@ pub struct Message<T> {
     pub(crate) redelivered: bool,
     pub(crate) content_type: Option<String>,
     pub(crate) stream_offset: Option<u64>,
-    pub(crate) cancellation: CancellationToken,
+    /// The consumer's closing token; the message's own token is made from it on first use.
+    pub(crate) closing: Arc<CancellationToken>,
+    /// The message's token, a child of `closing`: made only when a handler asks for it,
+    /// since a child token registers itself under the consumer's token (a lock and two
+    /// allocations per delivery that most handlers never use).
+    pub(crate) cancellation: OnceLock<CancellationToken>,
 }
 
 impl<T> Message<T> {
@@ -93,7 +98,10 @@ impl<T> Message<T> {
     }
     /// Cancelled when the consumer or its connection is closing: pass it to what you await
     /// so the message is handed back at once instead of being abandoned.
+    ///
+    /// It is the message's own token (a child of the consumer's): cancelling it cancels
+    /// nothing else.
     pub fn cancellation(&self) -> &CancellationToken {
-        &self.cancellation
+        self.cancellation.get_or_init(|| self.closing.child_token())
     }
 }

@@ -62,8 +62,9 @@ pub(crate) struct Settler {
     pub(crate) queue: Arc<str>,
     pub(crate) stats: Arc<Stats>,
     /// Cancelled when the consumer closes: an in-consumer wait ends and the message is
-    /// requeued with its attempt unchanged.
-    pub(crate) closing: CancellationToken,
+    /// requeued with its attempt unchanged. In an `Arc` so that each message can hold it
+    /// for a token of its own without cloning the token (a lock on the token per clone).
+    pub(crate) closing: Arc<CancellationToken>,
     pub(crate) metrics: Arc<ConsumerMetrics>,
     /// Deliveries outside their handlers (waits, failing moves), for health and the run
     /// loop.
@@ -90,7 +91,7 @@ impl Settler {
             queue,
             moves: stats.moves.clone(),
             stats,
-            closing,
+            closing: Arc::new(closing),
             waits: TaskTracker::new(),
             in_flight,
         }

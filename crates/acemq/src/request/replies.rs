@@ -3,7 +3,9 @@
 //! the subscription back after the connection was lost.
 //!
 //! A waiter is a [`Slot`]: registering one puts a oneshot sender in the table under the
-//! request's correlation id; dropping the slot (the request finished, timed out, or its
+//! request's correlation id (a UUID the requester made, kept as its 128 bits: no string
+//! to copy or hash per request; a reply whose correlation is not a UUID matches nothing);
+//! dropping the slot (the request finished, timed out, or its
 //! future was dropped) takes it out again, so the table never outlives its requests.
 
 use std::collections::HashMap;
@@ -40,7 +42,7 @@ pub(super) struct Reply {
 pub(super) struct Shared {
     pub(super) engine: Arc<Engine>,
     pub(super) decl: QueueDecl,
-    waiters: Mutex<Option<HashMap<String, oneshot::Sender<Reply>>>>,
+    waiters: Mutex<Option<HashMap<u128, oneshot::Sender<Reply>>>>,
     pub(super) answered: AtomicU64,
     pub(super) failed: AtomicU64,
     pub(super) timed_out: AtomicU64,
@@ -74,14 +76,13 @@ impl Shared {
     }
 
     /// Registers a waiter for `correlation_id`; `None` once the reply loop has ended.
-    pub(super) fn register(self: &Arc<Self>, correlation_id: &str) -> Option<Slot> {
+    pub(super) fn register(self: &Arc<Self>, correlation_id: uuid::Uuid) -> Option<Slot> {
+        let key = correlation_id.as_u128();
         let (tx, rx) = oneshot::channel();
-        lock(&self.waiters)
-            .as_mut()?
-            .insert(correlation_id.to_owned(), tx);
+        lock(&self.waiters).as_mut()?.insert(key, tx);
         Some(Slot {
             shared: self.clone(),
-            correlation_id: correlation_id.to_owned(),
+            key,
             rx,
         })
     }
@@ -93,7 +94,9 @@ impl Shared {
             .headers
             .get(envelope::CORRELATION)
             .and_then(HeaderValue::as_str);
-        let waiter = correlation.and_then(|c| lock(&self.waiters).as_mut()?.remove(c));
+        let waiter = correlation
+            .and_then(|c| uuid::Uuid::try_parse(c).ok())
+            .and_then(|c| lock(&self.waiters).as_mut()?.remove(&c.as_u128()));
         let reply = Reply {
             content_type: d.properties.content_type.clone(),
             body: d.body.clone(),
@@ -154,7 +157,7 @@ impl HealthContributor for RequesterHealth {
 /// One request's place in the table; dropping it frees the place.
 pub(super) struct Slot {
     shared: Arc<Shared>,
-    correlation_id: String,
+    key: u128,
     rx: oneshot::Receiver<Reply>,
 }
 
@@ -168,7 +171,7 @@ impl Slot {
 impl Drop for Slot {
     fn drop(&mut self) {
         if let Some(w) = lock(&self.shared.waiters).as_mut() {
-            w.remove(&self.correlation_id);
+            w.remove(&self.key);
         }
     }
 }

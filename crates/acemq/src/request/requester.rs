@@ -211,7 +211,8 @@ impl Requester {
         let started = Instant::now();
         let shared = &self.inner.shared;
         let engine = &shared.engine;
-        let correlation_id = uuid::Uuid::new_v4().to_string();
+        let id = uuid::Uuid::new_v4();
+        let correlation_id = id.to_string();
         let message_type = simple_type_name::<Req>("Request");
         let destination = if exchange.is_empty() {
             routing_key
@@ -227,9 +228,7 @@ impl Requester {
             &ctx,
             parent.as_ref(),
         );
-        let mut slot = shared
-            .register(&correlation_id)
-            .ok_or(RequestError::Closed)?;
+        let mut slot = shared.register(id).ok_or(RequestError::Closed)?;
         let codec = Arc::new(codec);
         let transport = crate::observe::transport_name(engine.transport.kind());
         let metrics = self
@@ -244,7 +243,7 @@ impl Requester {
             metrics.publish.clone(),
         );
         let mut options = SendOptions::new()
-            .correlation_id(correlation_id.clone())
+            .correlation_id(correlation_id)
             .reply_to(shared.queue())
             .message_type(message_type);
         if timeout >= Duration::from_millis(1) {
@@ -292,7 +291,7 @@ impl Requester {
                 trace::record_outcome(&span, RequestOutcome::TimedOut.as_str(), true);
                 return Err(RequestError::TimedOut {
                     destination: destination.to_owned(),
-                    correlation_id,
+                    correlation_id: id.to_string(),
                     timeout,
                 });
             }
@@ -303,7 +302,7 @@ impl Requester {
             trace::record_outcome(&span, RequestOutcome::Failed.as_str(), true);
             return Err(RequestError::Failed {
                 destination: destination.to_owned(),
-                correlation_id,
+                correlation_id: id.to_string(),
                 reason,
             });
         }
@@ -312,7 +311,7 @@ impl Requester {
         trace::record_outcome(&span, RequestOutcome::Answered.as_str(), false);
         Decoder::<Resp>::decode(&*codec, reply.content_type.as_deref(), &reply.body).map_err(
             |source| RequestError::Reply {
-                correlation_id,
+                correlation_id: id.to_string(),
                 source,
             },
         )

@@ -197,7 +197,7 @@ where
         &engine,
         &*codec,
         &reply_to,
-        &correlation_id,
+        correlation_id,
         &request_id,
         &answer,
     );
@@ -315,7 +315,7 @@ fn build_reply<Resp, C: Encoder<Resp>>(
     engine: &Engine,
     codec: &C,
     reply_to: &str,
-    correlation_id: &str,
+    correlation_id: String,
     request_id: &str,
     answer: &Resp,
 ) -> Result<Reply, Error> {
