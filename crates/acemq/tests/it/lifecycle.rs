@@ -301,3 +301,47 @@ async fn close_drains_running_handlers_for_twenty_seconds() {
         );
     }
 }
+
+/// A message's cancellation token is its own (made on first use, a child of the consumer's):
+/// a handler that cancels it cuts short nothing else. The consumer keeps consuming, the next
+/// message's token is not cancelled, and both messages are acked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_messages_token_cancels_nothing_else() {
+    on_each_target(|target: Broker| async move {
+        let (mq, q) = connect_with_classic_queue(&target, "own-token").await;
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let consumer = mq
+            .consume(&q, ConsumerOptions::default(), move |m: Message<u32>| {
+                let tx = tx.clone();
+                async move {
+                    let was_cancelled = m.cancellation().is_cancelled();
+                    if *m.payload() == 1 {
+                        m.cancellation().cancel();
+                        assert!(m.cancellation().is_cancelled(), "the same token, cancelled");
+                    }
+                    tx.send((*m.payload(), was_cancelled)).ok();
+                    Ok(())
+                }
+            })
+            .await
+            .unwrap();
+        let publisher = mq.publisher::<u32>("", &q);
+        publisher.send(&1).await.unwrap();
+        let first = tokio::time::timeout(WAIT, rx.recv()).await.unwrap();
+        assert_eq!(first, Some((1, false)), "a fresh token is not cancelled");
+        publisher.send(&2).await.unwrap();
+        let second = tokio::time::timeout(WAIT, rx.recv()).await.unwrap();
+        assert_eq!(
+            second,
+            Some((2, false)),
+            "the first message's cancel did not reach the consumer's token"
+        );
+        eventually(WAIT, "both messages acked", || async {
+            (consumer.stats().acked == 2).then_some(())
+        })
+        .await;
+        mq.close().await.unwrap();
+        teardown(&target, &q).await;
+    })
+    .await;
+}
