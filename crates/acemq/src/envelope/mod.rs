@@ -193,11 +193,15 @@ impl Envelope {
     /// assert_eq!(h["x-acemq-correlation"].as_str(), Some("o-1"));
     /// ```
     pub fn into_headers(self, headers: &mut Headers, default_origin: &str) {
+        // Unset fields are removed only where some reserved header is there to remove: a
+        // publish's headers carry none (they were refused), and each removal is a lookup.
+        let stale = headers.keys().any(|k| is_reserved(k));
+        let opt = |headers: &mut Headers, name, value| set_opt(headers, name, value, stale);
         headers.insert(ID.into(), HeaderValue::Str(self.id));
         headers.insert(TYPE.into(), HeaderValue::Str(self.message_type));
         headers.insert(VERSION.into(), HeaderValue::I32(self.version));
         headers.insert(CORRELATION.into(), HeaderValue::Str(self.correlation_id));
-        set_opt(headers, CAUSATION, self.causation_id);
+        opt(headers, CAUSATION, self.causation_id);
         headers.insert(ATTEMPT.into(), HeaderValue::I32(self.attempt));
         headers.insert(
             FIRST_SEEN.into(),
@@ -205,8 +209,8 @@ impl Envelope {
         );
         let origin = self.origin.unwrap_or_else(|| default_origin.to_owned());
         headers.insert(ORIGIN.into(), HeaderValue::Str(origin));
-        set_opt(headers, ERROR, self.error);
-        set_opt(headers, CLAIM, self.claim);
+        opt(headers, ERROR, self.error);
+        opt(headers, CLAIM, self.claim);
         if let Some(from) = self.replayed_from {
             headers.insert(REPLAYED_FROM.into(), HeaderValue::Str(from));
         }
@@ -221,7 +225,8 @@ impl Envelope {
         }
         match &self.route {
             Some(route) => route.write(headers),
-            None => Route::clear(headers),
+            None if stale => Route::clear(headers),
+            None => {}
         }
     }
 
@@ -556,14 +561,16 @@ fn positive(value: Option<&HeaderValue>) -> i32 {
         .unwrap_or(1)
 }
 
-fn set_opt(headers: &mut Headers, name: &'static str, value: Option<String>) {
+/// Writes an optional field, or removes a stale one when `stale` says there may be one.
+fn set_opt(headers: &mut Headers, name: &'static str, value: Option<String>, stale: bool) {
     match value {
         Some(v) if !v.is_empty() => {
             headers.insert(name.into(), HeaderValue::Str(v));
         }
-        _ => {
+        _ if stale => {
             headers.remove(name);
         }
+        _ => {}
     }
 }
 

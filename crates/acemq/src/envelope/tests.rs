@@ -151,3 +151,27 @@ fn the_envelopes_names_read_off_the_wire_come_back_static_and_others_owned() {
     assert!(!other.is_static());
     assert_eq!(other.as_str(), "x-tenant");
 }
+
+#[test]
+fn writing_over_a_delivered_envelope_removes_its_stale_fields_and_keeps_the_rest() {
+    let mut h = Headers::new();
+    Envelope::new("t")
+        .with_causation_id("cause")
+        .with_claim("claim")
+        .with_error(Some("boom".into()))
+        .with_route(Some(crate::envelope::Route::start(["a", "b"])))
+        .into_headers(&mut h, "o@h");
+    h.insert("x-tenant".into(), HeaderValue::from("acme"));
+    // A copy republished without those fields (what settlement does) must not keep them.
+    Envelope::new("t").into_headers(&mut h, "o@h");
+    for gone in [CAUSATION, CLAIM, ERROR, "x-acemq-route"] {
+        assert!(!h.contains_key(gone), "{gone} left behind");
+    }
+    assert_eq!(h["x-tenant"].as_str(), Some("acme"));
+    // Fresh headers (no reserved name) get only what is set.
+    let mut fresh = Headers::new();
+    fresh.insert("x-tenant".into(), HeaderValue::from("acme"));
+    Envelope::new("t").into_headers(&mut fresh, "o@h");
+    assert!(!fresh.contains_key(CAUSATION) && !fresh.contains_key(ERROR));
+    assert_eq!(fresh["x-tenant"].as_str(), Some("acme"));
+}
