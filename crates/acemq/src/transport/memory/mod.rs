@@ -252,7 +252,6 @@ impl Transport for MemoryTransport {
             }
             Ok((confirmed, lost, st.faults.confirm_delay))
         });
-        let status = self.inner.status.subscribe();
         ready(r.map(|(c, lost, delay)| {
             let answer = if lost {
                 Err(TransportError::ConfirmLost {
@@ -271,7 +270,8 @@ impl Transport for MemoryTransport {
             let at = Instant::now() + d;
             let started = Instant::now();
             let late = answer.clone();
-            let mut status = status;
+            // Only a delayed confirm watches for a block (`wait_for` sees the current state).
+            let mut status = self.inner.status.subscribe();
             TrackedConfirm {
                 answer: Box::pin(async move {
                     tokio::select! {
