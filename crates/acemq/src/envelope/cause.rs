@@ -29,9 +29,10 @@ impl Cause {
     }
 }
 
-/// Runs `fut` (a handler) with `cause` as what its publishes inherit.
-pub(crate) async fn scope<F: Future>(cause: Cause, fut: F) -> F::Output {
-    CAUSE.scope(cause, fut).await
+/// Runs `fut` (a handler) with `cause` as what its publishes inherit. Not an `async fn`,
+/// which would hold `fut` twice (see `observe::trace::scope`).
+pub(crate) fn scope<F: Future>(cause: Cause, fut: F) -> impl Future<Output = F::Output> {
+    CAUSE.scope(cause, fut)
 }
 
 /// The message being handled by the current task, if any.

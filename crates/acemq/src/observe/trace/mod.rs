@@ -297,8 +297,10 @@ tokio::task_local! {
 /// assert_eq!(trace::current(), None);
 /// # }
 /// ```
-pub async fn scope<F: Future>(ctx: TraceContext, fut: F) -> F::Output {
-    CURRENT.scope(ctx, fut).await
+// Not an `async fn`: one would hold `fut` beside the scope that holds it too, doubling the
+// size of every future wrapped (a handler's, a request's) and of each copy of it.
+pub fn scope<F: Future>(ctx: TraceContext, fut: F) -> impl Future<Output = F::Output> {
+    CURRENT.scope(ctx, fut)
 }
 
 /// Runs a closure with `ctx` as the current context (synchronous code).
