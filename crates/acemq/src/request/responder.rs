@@ -167,23 +167,26 @@ where
     C: Encoder<Resp>,
     H: Handler<Req, Resp>,
 {
+    // The request's envelope, shared: its reply address, id and correlation are read from
+    // it after the handler took the message, without a copy of each.
+    let request = m.envelope.clone();
     // Header first, property second: Envelope::read does it in that order.
-    let Some(reply_to) = m.reply_to().map(str::to_owned) else {
+    let Some(reply_to) = request.reply_to() else {
         counts.unanswerable.fetch_add(1, Ordering::Relaxed);
-        tracing::warn!(queue = %m.queue(), id = %m.envelope().id(), "a request without a reply address (neither acemq-reply-to nor reply_to): acked, not handled, no reply");
+        tracing::warn!(queue = %m.queue(), id = %request.id(), "a request without a reply address (neither acemq-reply-to nor reply_to): acked, not handled, no reply");
         return Ok(());
     };
-    let request_id = m.envelope().id().to_owned();
-    let correlation_id = m.envelope().correlation_id().to_owned();
+    let request_id = request.id();
+    let correlation_id = request.correlation_id();
     let policy = Option::as_ref(&policy);
-    let retried = retried_under(policy, m.envelope());
+    let retried = retried_under(policy, &request);
     let answer = match handler.call(m).await {
         Ok(answer) => answer,
         Err(e) if is_final(&e, policy, retried) => {
             let request = Request {
-                reply_to: &reply_to,
-                correlation_id: &correlation_id,
-                request_id: &request_id,
+                reply_to,
+                correlation_id,
+                request_id,
             };
             // Boxed: a failure's path need not make every request's future larger.
             return Box::pin(fault(&engine, &counts, request, e, policy.is_none())).await;
@@ -196,9 +199,9 @@ where
     let reply = build_reply(
         &engine,
         &*codec,
-        &reply_to,
-        correlation_id,
-        &request_id,
+        reply_to,
+        correlation_id.to_owned(),
+        request_id,
         &answer,
     );
     drop(answer);
