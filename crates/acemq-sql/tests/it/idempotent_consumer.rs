@@ -440,7 +440,12 @@ async fn dying_child(amqp: &str, pg: &str, queue: &str, table: &str) {
     let options = ConsumerOptions::default().idempotent(pg_store(pg, table, "child").await);
     let _consumer = mq
         .consume(queue, options, move |m: Message<u32>| async move {
-            std::fs::write(claimed_marker(m.queue()), m.envelope().id()).unwrap();
+            // Written aside, then renamed: the parent polls the marker, and a plain write
+            // lets it read the file created but still empty.
+            let marker = claimed_marker(m.queue());
+            let aside = marker.with_extension("writing");
+            std::fs::write(&aside, m.envelope().id()).unwrap();
+            std::fs::rename(&aside, &marker).unwrap();
             tokio::time::sleep(Duration::from_secs(3600)).await;
             Ok(())
         })
