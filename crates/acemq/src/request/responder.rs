@@ -169,17 +169,17 @@ where
 {
     // The request's envelope, shared: its reply address, id and correlation are read from
     // it after the handler took the message, without a copy of each.
-    let request = m.envelope.clone();
+    let asked = m.envelope.clone();
     // Header first, property second: Envelope::read does it in that order.
-    let Some(reply_to) = request.reply_to() else {
+    let Some(reply_to) = asked.reply_to() else {
         counts.unanswerable.fetch_add(1, Ordering::Relaxed);
-        tracing::warn!(queue = %m.queue(), id = %request.id(), "a request without a reply address (neither acemq-reply-to nor reply_to): acked, not handled, no reply");
+        tracing::warn!(queue = %m.queue(), id = %asked.id(), "a request without a reply address (neither acemq-reply-to nor reply_to): acked, not handled, no reply");
         return Ok(());
     };
-    let request_id = request.id();
-    let correlation_id = request.correlation_id();
+    let request_id = asked.id();
+    let correlation_id = asked.correlation_id();
     let policy = Option::as_ref(&policy);
-    let retried = retried_under(policy, &request);
+    let retried = retried_under(policy, &asked);
     let answer = match handler.call(m).await {
         Ok(answer) => answer,
         Err(e) if is_final(&e, policy, retried) => {
