@@ -14,7 +14,7 @@
 //! never run here at once.
 
 use std::panic::AssertUnwindSafe;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
@@ -32,6 +32,7 @@ use crate::codec::Decoder;
 use crate::envelope::cause::{self, Cause};
 use crate::envelope::{Envelope, application_headers};
 use crate::error::Error;
+use crate::headers::Headers;
 use crate::idempotency::{ClaimOutcome, IdempotencyStore, InHand, StoreError};
 use crate::intercept::{ConsumeContext, HandleInfo, HandleResult, HandlerFuture};
 use crate::lifecycle::{Gate, Lifecycle};
@@ -300,12 +301,17 @@ where
     T: Send + 'static,
     H: Handler<T>,
 {
-    let headers = Arc::new(application_headers(&d.properties.headers));
     let chain = ctx.settler.engine.interceptors.consume_chain();
+    let layers = ctx.settler.engine.interceptors.layers();
+    // The handler's headers are built here only when an interceptor or a layer reads them;
+    // otherwise the message builds them on first use (most handlers never ask).
+    let headers = (!chain.is_empty() || !layers.is_empty())
+        .then(|| Arc::new(application_headers(&d.properties.headers)));
+    let none = Headers::new();
     let cx = ConsumeContext {
         queue: &ctx.settler.queue,
         envelope,
-        headers: &headers,
+        headers: headers.as_deref().unwrap_or(&none),
     };
     let refused = chain.iter().find_map(|i| i.before_handle(&cx).err());
     let claim = match refused {
@@ -318,29 +324,27 @@ where
             let message = Message {
                 payload,
                 envelope: envelope.clone(),
-                headers: headers.clone(),
+                headers: headers.clone().map(OnceLock::from).unwrap_or_default(),
+                properties: d.properties.clone(),
                 queue: ctx.settler.queue.clone(),
                 exchange: d.exchange.clone(),
                 routing_key: d.routing_key.clone(),
                 redelivered: d.redelivered,
-                content_type: d.properties.content_type.clone(),
-                stream_offset: crate::headers::stream_offset(&d.properties.headers),
                 closing: ctx.settler.closing.clone(),
-                cancellation: std::sync::OnceLock::new(),
+                cancellation: OnceLock::new(),
             };
-            let layers = ctx.settler.engine.interceptors.layers();
-            let info = HandleInfo {
+            let layered = headers.as_ref().filter(|_| !layers.is_empty()).map(|headers| HandleInfo {
                 queue: ctx.settler.queue.clone(),
                 envelope: envelope.clone(),
                 headers: headers.clone(),
-            };
+            });
             let cause = Cause(envelope.clone());
             ctx.settler.stats.handler_running(true);
             let outcome = cause::scope(
                 cause,
                 trace::scope(
                     trace_ctx,
-                    run_handler(&ctx.handler, message, &layers, &info),
+                    run_handler(&ctx.handler, message, &layers, layered.as_ref()),
                 ),
             )
             .instrument(seen.span.clone())
@@ -477,16 +481,14 @@ async fn record_claim<T, H, R>(
 
 /// Runs the handler inside the connection's handler layers (the first registered is
 /// outermost); a panic, in the handler or a layer, is a failure like any error, with the
-/// panic message as reason.
+/// panic message as reason. `info` is there exactly when there are layers.
 async fn run_handler<T: Send + 'static, H: Handler<T>>(
     handler: &Arc<H>,
     message: Message<T>,
     layers: &[Arc<dyn crate::intercept::HandlerLayer>],
-    info: &HandleInfo,
+    info: Option<&HandleInfo>,
 ) -> Outcome {
-    let result = if layers.is_empty() {
-        AssertUnwindSafe(handler.call(message)).catch_unwind().await
-    } else {
+    let result = if let Some(info) = info {
         // Called only when polled: a layer that answers by itself runs nothing of the
         // handler, not even the synchronous part of its call.
         let handler = handler.clone();
@@ -496,6 +498,8 @@ async fn run_handler<T: Send + 'static, H: Handler<T>>(
             .rev()
             .fold(inner, |next, layer| layer.wrap(info, next));
         AssertUnwindSafe(wrapped).catch_unwind().await
+    } else {
+        AssertUnwindSafe(handler.call(message)).catch_unwind().await
     };
     match result {
         Ok(Ok(())) => Outcome::Handled,

@@ -4,8 +4,9 @@ use std::sync::{Arc, OnceLock};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::envelope::Envelope;
+use crate::envelope::{Envelope, application_headers};
 use crate::headers::Headers;
+use crate::transport::Properties;
 
 /// One delivered, decoded message.
 ///
@@ -31,13 +32,16 @@ use crate::headers::Headers;
 pub struct Message<T> {
     pub(crate) payload: T,
     pub(crate) envelope: Arc<Envelope>,
-    pub(crate) headers: Arc<Headers>,
+    /// The application headers, built from `properties` on first use (up front when an
+    /// interceptor or a layer reads them): most handlers never ask.
+    pub(crate) headers: OnceLock<Arc<Headers>>,
+    /// The delivery's properties, shared with it (the content type and the stream offset
+    /// are read from them).
+    pub(crate) properties: Arc<Properties>,
     pub(crate) queue: Arc<str>,
     pub(crate) exchange: String,
     pub(crate) routing_key: String,
     pub(crate) redelivered: bool,
-    pub(crate) content_type: Option<String>,
-    pub(crate) stream_offset: Option<u64>,
     /// The consumer's closing token; the message's own token is made from it on first use.
     pub(crate) closing: Arc<CancellationToken>,
     /// The message's token, a child of `closing`: made only when a handler asks for it,
@@ -62,7 +66,13 @@ impl<T> Message<T> {
     /// Application headers: everything but the reserved `x-acemq-*` ones (the shared
     /// `acemq-*` ones and `traceparent` included).
     pub fn headers(&self) -> &Headers {
-        &self.headers
+        self.shared_headers()
+    }
+
+    /// The application headers as the `Arc` interceptors and layers share.
+    pub(crate) fn shared_headers(&self) -> &Arc<Headers> {
+        self.headers
+            .get_or_init(|| Arc::new(application_headers(&self.properties.headers)))
     }
     /// The delivery attempt, from `x-acemq-attempt` (first = 1).
     pub fn attempt(&self) -> i32 {
@@ -86,11 +96,11 @@ impl<T> Message<T> {
     }
     /// The delivered content type.
     pub fn content_type(&self) -> Option<&str> {
-        self.content_type.as_deref()
+        self.properties.content_type.as_deref()
     }
     /// The entry's offset, when it was read from a stream (`x-stream-offset`).
     pub fn stream_offset(&self) -> Option<u64> {
-        self.stream_offset
+        crate::headers::stream_offset(&self.properties.headers)
     }
     /// The reply queue of a request.
     pub fn reply_to(&self) -> Option<&str> {

@@ -59,7 +59,7 @@ where
         let encoder = encoder.clone();
         async move {
             let envelope = m.envelope.clone();
-            let headers = m.headers.clone();
+            let headers = m.shared_headers().clone();
             let output = handler.call(m).await?;
             go_on(&ctx, &envelope, &headers, output, &encoder).await
         }
