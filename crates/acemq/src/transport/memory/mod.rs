@@ -201,49 +201,11 @@ impl MemoryTransport {
         op(&mut st, conn.id)
     }
 
-    /// [`Self::with`], then records the declaration for recovery when it succeeded.
-    fn declaring<T>(
-        &self,
-        declared: Declared,
-        op: impl FnOnce(&mut broker::State, u64) -> Result<T, TransportError>,
-    ) -> Result<T, TransportError> {
-        let r = self.with(op)?;
-        self.inner.declared.record(declared);
-        Ok(r)
-    }
-}
-
-impl Inner {
-    fn conn(&self) -> Arc<MemoryConnection> {
-        self.conn.read().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-}
-
-fn ready<'a, T: Send + 'a>(r: T) -> BoxFuture<'a, T> {
-    Box::pin(std::future::ready(r))
-}
-
-impl Transport for MemoryTransport {
-    fn kind(&self) -> &'static str {
-        "memory"
-    }
-
-    /// Publishes synchronously: the confirm is already known when the first future
-    /// resolves. A missing exchange fails here (not at confirm time) with `NotFound`.
-    /// With [`MemoryBroker::delay_confirms`], a confirm still outstanding when the broker
-    /// blocks is answered in doubt at once ([`TransportError::ConfirmTimeout`]), as the AMQP
-    /// transport answers RabbitMQ's withheld confirms; the message is in its queue all the
-    /// same.
-    fn publish(&self, message: Outbound) -> BoxFuture<'_, Result<PendingConfirm, TransportError>> {
-        Box::pin(async move { Ok(self.publish_tracked(message).await?.answer) })
-    }
-
-    /// [`Transport::publish`], with the broker's own answer kept in
-    /// [`TrackedConfirm::late`] for a confirm that was answered in doubt by a block.
-    fn publish_tracked(
-        &self,
-        message: Outbound,
-    ) -> BoxFuture<'_, Result<TrackedConfirm, TransportError>> {
+    /// A publish, done at once: its confirm, and for a delayed confirm
+    /// ([`MemoryBroker::delay_confirms`]) the broker's own answer kept for later. Both
+    /// [`Transport::publish`] and [`Transport::publish_tracked`] hand it over ready, with
+    /// no future of their own around it.
+    fn tracked(&self, message: Outbound) -> Result<TrackedConfirm, TransportError> {
         let r = self.with(|st, _| {
             let confirmed = st.publish(message)?;
             let lost = st.faults.lose_confirms > 0;
@@ -252,7 +214,7 @@ impl Transport for MemoryTransport {
             }
             Ok((confirmed, lost, st.faults.confirm_delay))
         });
-        ready(r.map(|(c, lost, delay)| {
+        r.map(|(c, lost, delay)| {
             let answer = if lost {
                 Err(TransportError::ConfirmLost {
                     detail: "an injected fault lost the confirm".into(),
@@ -289,7 +251,53 @@ impl Transport for MemoryTransport {
                     late
                 })),
             }
-        }))
+        })
+    }
+
+    /// [`Self::with`], then records the declaration for recovery when it succeeded.
+    fn declaring<T>(
+        &self,
+        declared: Declared,
+        op: impl FnOnce(&mut broker::State, u64) -> Result<T, TransportError>,
+    ) -> Result<T, TransportError> {
+        let r = self.with(op)?;
+        self.inner.declared.record(declared);
+        Ok(r)
+    }
+}
+
+impl Inner {
+    fn conn(&self) -> Arc<MemoryConnection> {
+        self.conn.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+fn ready<'a, T: Send + 'a>(r: T) -> BoxFuture<'a, T> {
+    Box::pin(std::future::ready(r))
+}
+
+impl Transport for MemoryTransport {
+    fn kind(&self) -> &'static str {
+        "memory"
+    }
+
+    /// Publishes synchronously: the confirm is already known when the first future
+    /// resolves. A missing exchange fails here (not at confirm time) with `NotFound`.
+    /// With [`MemoryBroker::delay_confirms`], a confirm still outstanding when the broker
+    /// blocks is answered in doubt at once ([`TransportError::ConfirmTimeout`]), as the AMQP
+    /// transport answers RabbitMQ's withheld confirms; the message is in its queue all the
+    /// same.
+    fn publish(&self, message: Outbound) -> BoxFuture<'_, Result<PendingConfirm, TransportError>> {
+        ready(self.tracked(message).map(|t| t.answer))
+    }
+
+    /// [`Transport::publish`], with the broker's own answer kept in
+    /// [`TrackedConfirm::late`] for a confirm that was answered in doubt by a block.
+    fn publish_tracked(
+        &self,
+        message: Outbound,
+    ) -> BoxFuture<'_, Result<TrackedConfirm, TransportError>> {
+        ready(self.tracked(message))
     }
 
     fn consume(
