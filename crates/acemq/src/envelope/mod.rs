@@ -88,7 +88,7 @@ impl Envelope {
     /// A fresh envelope: new UUID v4 id, correlation = id, attempt 1, version 1,
     /// first-seen now. An empty type reads as `message`.
     pub fn new(message_type: impl Into<String>) -> Self {
-        let id = uuid::Uuid::new_v4().to_string();
+        let id = new_id();
         let message_type = non_empty(message_type.into()).unwrap_or_else(|| "message".into());
         Envelope {
             correlation_id: id.clone(),
@@ -128,7 +128,7 @@ impl Envelope {
         let id =
             f.id.and_then(text)
                 .or_else(|| properties.message_id.clone().and_then(non_empty))
-                .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+                .unwrap_or_else(new_id);
         let message_type = f
             .message_type
             .and_then(text)
@@ -485,6 +485,16 @@ pub fn read_instant(value: &HeaderValue) -> Option<OffsetDateTime> {
 
 fn from_millis(ms: i128) -> Option<OffsetDateTime> {
     OffsetDateTime::from_unix_timestamp_nanos(ms.checked_mul(1_000_000)?).ok()
+}
+
+/// A fresh message id: a UUID v4, lowercase and hyphenated (written straight into its
+/// string, not through `fmt`: one per publish).
+pub(crate) fn new_id() -> String {
+    let mut buf = uuid::Uuid::encode_buffer();
+    uuid::Uuid::new_v4()
+        .hyphenated()
+        .encode_lower(&mut buf)
+        .to_owned()
 }
 
 fn non_empty(s: String) -> Option<String> {

@@ -175,3 +175,18 @@ fn writing_over_a_delivered_envelope_removes_its_stale_fields_and_keeps_the_rest
     assert!(!fresh.contains_key(CAUSATION) && !fresh.contains_key(ERROR));
     assert_eq!(fresh["x-tenant"].as_str(), Some("acme"));
 }
+
+#[test]
+fn a_fresh_id_is_a_lowercase_hyphenated_uuid_v4_also_when_read_without_one() {
+    let fresh = Envelope::new("t");
+    let read = Envelope::read(&Properties::default(), "t");
+    for id in [fresh.id(), read.id()] {
+        assert_eq!(id.len(), 36, "{id}");
+        assert_eq!(id, id.to_lowercase());
+        let parsed = uuid::Uuid::parse_str(id).unwrap();
+        assert_eq!(parsed.get_version(), Some(uuid::Version::Random), "{id}");
+        assert_eq!(parsed.hyphenated().to_string(), id);
+    }
+    assert_ne!(fresh.id(), read.id());
+    assert_eq!(fresh.correlation_id(), fresh.id());
+}

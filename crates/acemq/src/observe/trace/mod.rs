@@ -114,15 +114,17 @@ impl TraceContext {
     /// assert_eq!(c.to_traceparent(), "00-abababababababababababababababab-0101010101010101-01");
     /// ```
     pub fn to_traceparent(&self) -> String {
-        // On every publish: built byte by byte rather than through `fmt`.
-        let mut out = String::with_capacity(55);
-        out.push_str("00-");
-        push_hex(&mut out, &self.trace_id);
-        out.push('-');
-        push_hex(&mut out, &self.span_id);
-        out.push('-');
-        push_hex(&mut out, &[self.flags]);
-        out
+        // On every publish: written into a fixed buffer, then copied once (pushing 55
+        // `char`s checks the capacity and encodes each).
+        let mut out = [0u8; 55];
+        out[..3].copy_from_slice(b"00-");
+        write_hex(&mut out[3..35], &self.trace_id);
+        out[35] = b'-';
+        write_hex(&mut out[36..52], &self.span_id);
+        out[52] = b'-';
+        write_hex(&mut out[53..], &[self.flags]);
+        // Hex digits and dashes only: always UTF-8.
+        String::from_utf8(out.to_vec()).unwrap_or_default()
     }
 
     /// Parses a `traceparent` (and keeps `tracestate` when it is non-empty and at most
@@ -254,10 +256,11 @@ fn decode_hex(src: &[u8], dst: &mut [u8]) -> Option<()> {
 
 const HEX_DIGITS: &[u8; 16] = b"0123456789abcdef";
 
-fn push_hex(out: &mut String, bytes: &[u8]) {
-    for b in bytes {
-        out.push(char::from(HEX_DIGITS[usize::from(b >> 4)]));
-        out.push(char::from(HEX_DIGITS[usize::from(b & 0x0f)]));
+/// Lowercase hex of `bytes` into `out`, which is twice as long.
+fn write_hex(out: &mut [u8], bytes: &[u8]) {
+    for (pair, b) in out.chunks_exact_mut(2).zip(bytes) {
+        pair[0] = HEX_DIGITS[usize::from(b >> 4)];
+        pair[1] = HEX_DIGITS[usize::from(b & 0x0f)];
     }
 }
 
@@ -266,9 +269,13 @@ struct Hex<'a>(&'a [u8]);
 
 impl fmt::Display for Hex<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut s = String::with_capacity(self.0.len() * 2);
-        push_hex(&mut s, self.0);
-        f.write_str(&s)
+        for chunk in self.0.chunks(16) {
+            let mut buf = [0u8; 32];
+            let hex = &mut buf[..chunk.len() * 2];
+            write_hex(hex, chunk);
+            f.write_str(std::str::from_utf8(hex).map_err(|_| fmt::Error)?)?;
+        }
+        Ok(())
     }
 }
 
