@@ -14,8 +14,8 @@
 //! never run here at once.
 
 use std::panic::AssertUnwindSafe;
-use std::sync::{Arc, OnceLock};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use futures::FutureExt;
@@ -333,11 +333,14 @@ where
                 closing: ctx.settler.closing.clone(),
                 cancellation: OnceLock::new(),
             };
-            let layered = headers.as_ref().filter(|_| !layers.is_empty()).map(|headers| HandleInfo {
-                queue: ctx.settler.queue.clone(),
-                envelope: envelope.clone(),
-                headers: headers.clone(),
-            });
+            let layered = headers
+                .as_ref()
+                .filter(|_| !layers.is_empty())
+                .map(|headers| HandleInfo {
+                    queue: ctx.settler.queue.clone(),
+                    envelope: envelope.clone(),
+                    headers: headers.clone(),
+                });
             let cause = Cause(envelope.clone());
             ctx.settler.stats.handler_running(true);
             let outcome = cause::scope(
