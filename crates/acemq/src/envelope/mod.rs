@@ -197,20 +197,30 @@ impl Envelope {
         // publish's headers carry none (they were refused), and each removal is a lookup.
         let stale = headers.keys().any(|k| is_reserved(k));
         let opt = |headers: &mut Headers, name, value| set_opt(headers, name, value, stale);
-        headers.insert(ID.into(), HeaderValue::Str(self.id));
-        headers.insert(TYPE.into(), HeaderValue::Str(self.message_type));
+        // Written in descending name order: a B-tree node is searched from its first key, so
+        // each name, smaller than every one already there, is compared with one name only.
         headers.insert(VERSION.into(), HeaderValue::I32(self.version));
-        headers.insert(CORRELATION.into(), HeaderValue::Str(self.correlation_id));
-        opt(headers, CAUSATION, self.causation_id);
-        headers.insert(ATTEMPT.into(), HeaderValue::I32(self.attempt));
+        headers.insert(TYPE.into(), HeaderValue::Str(self.message_type));
+        match &self.route {
+            Some(route) => route.write(headers),
+            None if stale => Route::clear(headers),
+            None => {}
+        }
+        let origin = self.origin.unwrap_or_else(|| default_origin.to_owned());
+        headers.insert(ORIGIN.into(), HeaderValue::Str(origin));
+        headers.insert(ID.into(), HeaderValue::Str(self.id));
         headers.insert(
             FIRST_SEEN.into(),
             HeaderValue::I64(self.first_seen_ms.unwrap_or_else(now_millis)),
         );
-        let origin = self.origin.unwrap_or_else(|| default_origin.to_owned());
-        headers.insert(ORIGIN.into(), HeaderValue::Str(origin));
         opt(headers, ERROR, self.error);
+        headers.insert(CORRELATION.into(), HeaderValue::Str(self.correlation_id));
         opt(headers, CLAIM, self.claim);
+        opt(headers, CAUSATION, self.causation_id);
+        headers.insert(ATTEMPT.into(), HeaderValue::I32(self.attempt));
+        if let Some(r) = self.reply_to {
+            headers.insert(REPLY_TO.into(), HeaderValue::Str(r));
+        }
         if let Some(from) = self.replayed_from {
             headers.insert(REPLAYED_FROM.into(), HeaderValue::Str(from));
         }
@@ -219,14 +229,6 @@ impl Envelope {
         }
         if self.replay_count > 0 {
             headers.insert(REPLAY_COUNT.into(), HeaderValue::I32(self.replay_count));
-        }
-        if let Some(r) = self.reply_to {
-            headers.insert(REPLY_TO.into(), HeaderValue::Str(r));
-        }
-        match &self.route {
-            Some(route) => route.write(headers),
-            None if stale => Route::clear(headers),
-            None => {}
         }
     }
 
@@ -387,9 +389,10 @@ impl Envelope {
 /// assert!(app.contains_key("x-tenant"));
 /// ```
 pub fn application_headers(headers: &Headers) -> Headers {
-    // Inserted one by one: `collect` would gather them in a vector and sort it first.
+    // Inserted one by one (`collect` would gather them in a vector and sort it first), last
+    // name first: a node is searched from its first key, so each is compared with one name.
     let mut app = Headers::new();
-    for (k, v) in headers.iter().filter(|(k, _)| !is_reserved(k)) {
+    for (k, v) in headers.iter().rev().filter(|(k, _)| !is_reserved(k)) {
         app.insert(k.clone(), v.clone());
     }
     app

@@ -46,16 +46,19 @@ pub(crate) fn name(value: &str) -> Result<ShortString, TransportError> {
 /// A header table as an AMQP field table.
 pub(crate) fn to_table(headers: &Headers) -> Result<FieldTable, TransportError> {
     let mut table = FieldTable::default();
-    for (key, value) in headers {
+    // Last name first, as in `into_table`.
+    for (key, value) in headers.iter().rev() {
         table.insert(header_key(key)?, to_value(value)?);
     }
     Ok(table)
 }
 
-/// A header table as an AMQP field table, consuming it (no string copies).
+/// A header table as an AMQP field table, consuming it (no string copies). Inserted last
+/// name first: a B-tree node is searched from its first key, so each name, smaller than
+/// every one already there, is compared with one name only (in ascending order, with all).
 pub(crate) fn into_table(headers: Headers) -> Result<FieldTable, TransportError> {
     let mut table = FieldTable::default();
-    for (key, value) in headers {
+    for (key, value) in headers.into_iter().rev() {
         crate::topology::check_short(&key)?;
         let key = short("header key", String::from(key))?;
         table.insert(key, into_value(value)?);
