@@ -281,8 +281,8 @@ impl Transport for MemoryTransport {
         "memory"
     }
 
-    /// Publishes synchronously: the confirm is already known when the first future
-    /// resolves. A missing exchange fails here (not at confirm time) with `NotFound`.
+    /// Publishes synchronously, when called (not when the returned future is first polled):
+    /// the confirm is already known when that future resolves. A missing exchange fails here (not at confirm time) with `NotFound`.
     /// With [`MemoryBroker::delay_confirms`], a confirm still outstanding when the broker
     /// blocks is answered in doubt at once ([`TransportError::ConfirmTimeout`]), as the AMQP
     /// transport answers RabbitMQ's withheld confirms; the message is in its queue all the
