@@ -88,10 +88,22 @@ impl Envelope {
     /// A fresh envelope: new UUID v4 id, correlation = id, attempt 1, version 1,
     /// first-seen now. An empty type reads as `message`.
     pub fn new(message_type: impl Into<String>) -> Self {
-        let id = new_id();
-        let message_type = non_empty(message_type.into()).unwrap_or_else(|| "message".into());
+        Self::fresh(message_type.into(), None, None)
+    }
+
+    /// [`Envelope::new`] with the id and correlation a publish was given, if any: a fresh
+    /// id is made only when none was given, and copied into the correlation only when that
+    /// was not given either (what `new` followed by `with_id` and `with_correlation_id`
+    /// gives, without the copies they replace).
+    pub(crate) fn fresh(
+        message_type: String,
+        id: Option<String>,
+        correlation_id: Option<String>,
+    ) -> Self {
+        let id = id.unwrap_or_else(new_id);
+        let message_type = non_empty(message_type).unwrap_or_else(|| "message".into());
         Envelope {
-            correlation_id: id.clone(),
+            correlation_id: correlation_id.unwrap_or_else(|| id.clone()),
             id,
             message_type,
             version: 1,
@@ -493,11 +505,13 @@ fn from_millis(ms: i128) -> Option<OffsetDateTime> {
 /// A fresh message id: a UUID v4, lowercase and hyphenated (written straight into its
 /// string, not through `fmt`: one per publish).
 pub(crate) fn new_id() -> String {
+    id_text(uuid::Uuid::new_v4())
+}
+
+/// A UUID as an id's text: lowercase and hyphenated, written straight into its string.
+pub(crate) fn id_text(id: uuid::Uuid) -> String {
     let mut buf = uuid::Uuid::encode_buffer();
-    uuid::Uuid::new_v4()
-        .hyphenated()
-        .encode_lower(&mut buf)
-        .to_owned()
+    id.hyphenated().encode_lower(&mut buf).to_owned()
 }
 
 fn non_empty(s: String) -> Option<String> {

@@ -190,3 +190,46 @@ fn a_fresh_id_is_a_lowercase_hyphenated_uuid_v4_also_when_read_without_one() {
     assert_ne!(fresh.id(), read.id());
     assert_eq!(fresh.correlation_id(), fresh.id());
 }
+
+#[test]
+fn a_fresh_envelope_is_what_new_then_with_id_and_correlation_gives() {
+    let given = |id: Option<&str>, c: Option<&str>| {
+        let mut e = Envelope::new("t");
+        if let Some(id) = id {
+            e = e.with_id(id);
+        }
+        if let Some(c) = c {
+            e = e.with_correlation_id(c);
+        }
+        e
+    };
+    for (id, c) in [
+        (None, None),
+        (Some("m-1"), None),
+        (None, Some("c-1")),
+        (Some("m-1"), Some("c-1")),
+    ] {
+        let fresh = Envelope::fresh("t".into(), id.map(Into::into), c.map(Into::into));
+        let built = given(id, c);
+        match id {
+            Some(id) => assert_eq!(fresh.id(), id),
+            None => assert_eq!(fresh.id().len(), 36, "a fresh UUID: {}", fresh.id()),
+        }
+        let expected = c.map_or_else(|| fresh.id().to_owned(), str::to_owned);
+        assert_eq!(
+            fresh.correlation_id(),
+            expected,
+            "id {id:?}, correlation {c:?}"
+        );
+        match c {
+            Some(c) => assert_eq!(built.correlation_id(), c),
+            None => assert_eq!(built.correlation_id(), built.id()),
+        }
+        assert_eq!(fresh.message_type(), built.message_type());
+        assert_eq!((fresh.attempt(), fresh.version()), (1, 1));
+    }
+    assert_eq!(
+        Envelope::fresh(String::new(), None, None).message_type(),
+        "message"
+    );
+}

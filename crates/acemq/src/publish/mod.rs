@@ -176,9 +176,13 @@ impl<T: ?Sized + 'static> Publisher<T> {
         span: tracing::Span,
         started: Instant,
     ) -> Result<PublishResult, Error> {
-        let result = async { self.start(outbound, None).await?.finish(started).await }
-            .instrument(span.clone())
-            .await;
+        let result = async {
+            let sent = self.start(outbound, None).await?;
+            sent.finish(started, &self.exchange, &self.routing_key)
+                .await
+        }
+        .instrument(span.clone())
+        .await;
         let outcome = self.record(&result, started);
         trace::record_publish_outcome(&span, outcome);
         result
@@ -296,7 +300,9 @@ impl<T: Sized + 'static> Publisher<T> {
                     break p;
                 }
                 match pending.pop_front() {
-                    Some(Ok(f)) => results.push(f.finish(started).await),
+                    Some(Ok(f)) => {
+                        results.push(f.finish(started, &self.exchange, &self.routing_key).await);
+                    }
                     Some(Err(e)) => results.push(Err(e)),
                     None => break self.engine.acquire().await?,
                 }
@@ -305,7 +311,7 @@ impl<T: Sized + 'static> Publisher<T> {
         }
         for p in pending {
             results.push(match p {
-                Ok(f) => f.finish(started).await,
+                Ok(f) => f.finish(started, &self.exchange, &self.routing_key).await,
                 Err(e) => Err(e),
             });
         }
@@ -391,18 +397,16 @@ fn prepare_with<T: ?Sized, E: Encoder<T> + ?Sized>(
         Some(ttl) => Some(ttl.as_millis().to_string()),
         None => None,
     };
-    let mut envelope = Envelope::new(o.message_type.unwrap_or_else(|| routing_key.to_owned()));
-    if let Some(id) = o.message_id {
-        envelope = envelope.with_id(id);
-    }
     // Inside a handler, what is not set here is inherited from the message being handled.
     let cause = crate::envelope::cause::current();
-    if let Some(c) = o
+    let correlation_id = o
         .correlation_id
-        .or_else(|| cause.as_ref().map(|c| c.correlation_id().to_owned()))
-    {
-        envelope = envelope.with_correlation_id(c);
-    }
+        .or_else(|| cause.as_ref().map(|c| c.correlation_id().to_owned()));
+    let mut envelope = Envelope::fresh(
+        o.message_type.unwrap_or_else(|| routing_key.to_owned()),
+        o.message_id,
+        correlation_id,
+    );
     if let Some(c) = o
         .causation_id
         .or_else(|| cause.as_ref().map(|c| c.message_id().to_owned()))
@@ -454,17 +458,17 @@ pub(crate) async fn publish_prepared(
     outbound.mandatory = true;
     let started = Instant::now();
     let permit = engine.acquire().await?;
+    let (exchange, routing_key) = (outbound.exchange.clone(), outbound.routing_key.clone());
     start_publish(engine, outbound, permit)
         .await?
-        .finish(started)
+        .finish(started, &exchange, &routing_key)
         .await
 }
 
-/// A publish handed to the transport, awaiting its confirm.
+/// A publish handed to the transport, awaiting its confirm. Its destination is not kept:
+/// whoever finishes it has it (a copy per publish only for an unroutable one's error).
 struct InFlight {
     message_id: String,
-    exchange: String,
-    routing_key: String,
     mandatory: bool,
     confirm: PendingConfirm,
     _permit: OwnedSemaphorePermit,
@@ -476,8 +480,6 @@ async fn start_publish(
     permit: OwnedSemaphorePermit,
 ) -> Result<InFlight, Error> {
     let message_id = outbound.properties.message_id.clone().unwrap_or_default();
-    let exchange = outbound.exchange.clone();
-    let routing_key = outbound.routing_key.clone();
     let mandatory = outbound.mandatory;
     let confirm = engine
         .transport
@@ -486,8 +488,6 @@ async fn start_publish(
         .map_err(map_refusal)?;
     Ok(InFlight {
         message_id,
-        exchange,
-        routing_key,
         mandatory,
         confirm,
         _permit: permit,
@@ -495,7 +495,13 @@ async fn start_publish(
 }
 
 impl InFlight {
-    async fn finish(self, started: Instant) -> Result<PublishResult, Error> {
+    /// Awaits the confirm; `exchange` and `routing_key` are where it was published.
+    async fn finish(
+        self,
+        started: Instant,
+        exchange: &str,
+        routing_key: &str,
+    ) -> Result<PublishResult, Error> {
         let confirmation = self.confirm.await.map_err(map_refusal)?;
         match confirmation {
             Confirmation::Routed => Ok(PublishResult {
@@ -504,8 +510,8 @@ impl InFlight {
                 latency: started.elapsed(),
             }),
             Confirmation::Unroutable { reply_text, .. } => Err(Error::Unroutable {
-                exchange: self.exchange,
-                routing_key: self.routing_key,
+                exchange: exchange.to_owned(),
+                routing_key: routing_key.to_owned(),
                 message_id: self.message_id,
                 reply_text,
             }),

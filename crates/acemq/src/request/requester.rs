@@ -212,7 +212,7 @@ impl Requester {
         let shared = &self.inner.shared;
         let engine = &shared.engine;
         let id = uuid::Uuid::new_v4();
-        let correlation_id = id.to_string();
+        let correlation_id = crate::envelope::id_text(id);
         let message_type = simple_type_name::<Req>("Request");
         let destination = if exchange.is_empty() {
             routing_key
