@@ -208,3 +208,37 @@ fn spans_carry_the_family_attributes() {
     assert_eq!(spans[2].1["otel.name"], "orders publish");
     assert_eq!(spans[2].1[ATTR_DESTINATION], "orders");
 }
+
+#[test]
+fn hex_decodes_every_byte_and_refuses_every_other_digit() {
+    for b in 0..=u8::MAX {
+        let mut out = [0u8; 1];
+        assert_eq!(
+            decode_hex(format!("{b:02x}").as_bytes(), &mut out),
+            Some(())
+        );
+        assert_eq!(out[0], b);
+        let c = [b];
+        if !(b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+            assert_eq!(decode_hex(&[c[0], b'0'], &mut out), None, "{b:#04x} high");
+            assert_eq!(decode_hex(&[b'0', c[0]], &mut out), None, "{b:#04x} low");
+        }
+    }
+    assert_eq!(decode_hex(b"abc", &mut [0u8; 1]), None);
+}
+
+#[test]
+fn a_new_root_has_two_nonzero_ids_of_its_own() {
+    let (a, b) = (TraceContext::new_root(), TraceContext::new_root());
+    for c in [&a, &b] {
+        assert_ne!(c.trace_id, [0; 16]);
+        assert_ne!(c.span_id, [0; 8]);
+        assert!(c.is_sampled());
+        assert_eq!(
+            TraceContext::parse(&c.to_traceparent(), None).as_ref(),
+            Some(c)
+        );
+    }
+    assert_ne!(a.trace_id, b.trace_id);
+    assert_ne!(a.span_id, b.span_id);
+}
