@@ -17,7 +17,7 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use crate::error::Error;
-use crate::headers::{HeaderValue, Headers};
+use crate::headers::{HeaderName, HeaderValue, Headers};
 use crate::transport::Properties;
 
 /// The reserved prefix: every header with it belongs to the engine.
@@ -208,28 +208,40 @@ impl Envelope {
         // Unset fields are removed only where some reserved header is there to remove: a
         // publish's headers carry none (they were refused), and each removal is a lookup.
         let stale = headers.keys().any(|k| is_reserved(k));
+        let origin = self.origin.unwrap_or_else(|| default_origin.to_owned());
+        // The seven fields every message carries, in ascending name order.
+        let always: [(HeaderName, HeaderValue); 7] = [
+            (ATTEMPT.into(), HeaderValue::I32(self.attempt)),
+            (CORRELATION.into(), HeaderValue::Str(self.correlation_id)),
+            (
+                FIRST_SEEN.into(),
+                HeaderValue::I64(self.first_seen_ms.unwrap_or_else(now_millis)),
+            ),
+            (ID.into(), HeaderValue::Str(self.id)),
+            (ORIGIN.into(), HeaderValue::Str(origin)),
+            (TYPE.into(), HeaderValue::Str(self.message_type)),
+            (VERSION.into(), HeaderValue::I32(self.version)),
+        ];
+        if headers.is_empty() {
+            // Built in one pass from names already in order (what most publishes write
+            // into): no search, and no entries shifted to make room, per field.
+            *headers = Headers::from(always);
+        } else {
+            // Last name first: a B-tree node is searched from its first key, so each name,
+            // smaller than every one already there, is compared with one name only.
+            for (name, value) in always.into_iter().rev() {
+                headers.insert(name, value);
+            }
+        }
         let opt = |headers: &mut Headers, name, value| set_opt(headers, name, value, stale);
-        // Written in descending name order: a B-tree node is searched from its first key, so
-        // each name, smaller than every one already there, is compared with one name only.
-        headers.insert(VERSION.into(), HeaderValue::I32(self.version));
-        headers.insert(TYPE.into(), HeaderValue::Str(self.message_type));
         match &self.route {
             Some(route) => route.write(headers),
             None if stale => Route::clear(headers),
             None => {}
         }
-        let origin = self.origin.unwrap_or_else(|| default_origin.to_owned());
-        headers.insert(ORIGIN.into(), HeaderValue::Str(origin));
-        headers.insert(ID.into(), HeaderValue::Str(self.id));
-        headers.insert(
-            FIRST_SEEN.into(),
-            HeaderValue::I64(self.first_seen_ms.unwrap_or_else(now_millis)),
-        );
         opt(headers, ERROR, self.error);
-        headers.insert(CORRELATION.into(), HeaderValue::Str(self.correlation_id));
         opt(headers, CLAIM, self.claim);
         opt(headers, CAUSATION, self.causation_id);
-        headers.insert(ATTEMPT.into(), HeaderValue::I32(self.attempt));
         if let Some(r) = self.reply_to {
             headers.insert(REPLY_TO.into(), HeaderValue::Str(r));
         }
