@@ -15,8 +15,8 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 # Budgets, in instructions per message (publish + consume) and per round trip.
-MEMORY_BUDGET=80000
-REQUEST_REPLY_BUDGET=190000
+MEMORY_BUDGET=64000
+REQUEST_REPLY_BUDGET=140000
 
 if ! command -v valgrind >/dev/null; then
   echo "instructions.sh: valgrind is not installed (apt-get install valgrind)" >&2

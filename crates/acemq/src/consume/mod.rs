@@ -32,7 +32,6 @@ mod stats;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use futures::FutureExt;
 use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -300,7 +299,7 @@ async fn run<T, H, R>(
         let buffered = if acks.len() == 0 {
             None
         } else {
-            subscription.next().now_or_never()
+            subscription.try_next()
         };
         let next = match buffered {
             Some(d) => d,

@@ -13,7 +13,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use futures::FutureExt;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
@@ -203,7 +202,7 @@ pub(super) async fn run(
                 shared.hand_over(&d);
                 let (mut last, mut run) = (d, 1u16);
                 while run < ACK_RUN {
-                    match subscription.next().now_or_never() {
+                    match subscription.try_next() {
                         Some(Some(Ok(d))) => {
                             shared.hand_over(&d);
                             (last, run) = (d, run + 1);

@@ -332,6 +332,12 @@ pub trait Subscription: Send {
     /// The next delivery; `None` once the subscription has ended (cancelled by us, by the
     /// broker, or its connection closed). Use [`Subscription::cancelled_by_us`] to tell.
     fn next(&mut self) -> BoxFuture<'_, Option<Result<Delivery, TransportError>>>;
+    /// What [`Subscription::next`] gives if it is at hand now; `None` when `next` would
+    /// wait. A consumer takes its buffered deliveries with it between waits. The default
+    /// polls `next` once; a transport that can tell without a future overrides it.
+    fn try_next(&mut self) -> Option<Option<Result<Delivery, TransportError>>> {
+        futures::FutureExt::now_or_never(self.next())
+    }
     /// Stops new deliveries (basic.cancel). Unsettled deliveries stay settleable.
     fn cancel(&mut self) -> BoxFuture<'_, Result<(), TransportError>>;
     /// Closes the subscription's channel: unsettled deliveries go back to the queue.

@@ -6,7 +6,7 @@
 //! Each case uses fresh names and deletes what it declared. The cases: routing through the
 //! default, direct, fanout, topic and headers exchanges, mandatory returns, missing
 //! exchanges (`routing`); subscriptions and settlement: prefetch, requeue, nack to a
-//! dead-letter exchange, close, cancel, basic.get, multiple acks (`delivery`); queue
+//! dead-letter exchange, close, cancel, basic.get, multiple acks, `try_next` (`delivery`); queue
 //! declarations and time-to-live: TTL and per-message expiration dead-lettering, head-only
 //! expiry, PRECONDITION_FAILED, queue types, server-named queues (`queues`).
 

@@ -1,5 +1,5 @@
 //! Subscriptions and settlement: prefetch, requeue, nack to a dead-letter exchange, close,
-//! cancel, basic.get, multiple acks.
+//! cancel, basic.get, multiple acks, taking what is at hand (`try_next`).
 
 use crate::headers::HeaderValue;
 use crate::topology::{ExchangeKind, QueueDecl};
@@ -257,6 +257,47 @@ pub async fn settling_twice_is_ack_not_sent(target: Target) {
         "{again:?}"
     );
     let t = target.transport().await;
+    assert_eq!(t.inspect_queue(&q).await.expect("inspect").message_count, 0);
+    cleanup(&*t, &[&q], &[]).await;
+}
+
+/// `try_next` takes a delivery that is at hand and answers `None` at once when there is
+/// none (what a consumer relies on to coalesce acks between waits).
+pub async fn try_next_takes_what_is_at_hand_without_waiting(target: Target) {
+    let t = target.transport().await;
+    let q = unique("try.next");
+    queue(&*t, &q).await;
+    let mut sub = t.consume(spec(&q, 10)).await.expect("consume");
+    assert!(
+        sub.try_next().is_none(),
+        "nothing published, nothing at hand"
+    );
+    for m in ["m1", "m2"] {
+        publish(&*t, "", &q, m).await;
+    }
+    // A broker's deliveries reach the client in their own time: polled, with a deadline.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let mut got = Vec::new();
+    while got.len() < 2 {
+        match sub.try_next() {
+            Some(Some(Ok(d))) => got.push(d),
+            Some(Some(Err(e))) => panic!("try_next failed: {e}"),
+            Some(None) => panic!("the subscription ended"),
+            None => {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "2 deliveries in time"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+            }
+        }
+    }
+    assert_eq!([body(&got[0]), body(&got[1])], ["m1", "m2"]);
+    assert!(sub.try_next().is_none(), "both taken, nothing more at hand");
+    for d in got {
+        d.acker.ack().await.expect("ack");
+    }
+    sub.close().await.expect("close");
     assert_eq!(t.inspect_queue(&q).await.expect("inspect").message_count, 0);
     cleanup(&*t, &[&q], &[]).await;
 }

@@ -188,6 +188,7 @@ macro_rules! __transport_conformance_cases {
             delivery::basic_get_takes_the_head_and_settles_it,
             delivery::multiple_ack_settles_every_earlier_delivery,
             delivery::settling_twice_is_ack_not_sent,
+            delivery::try_next_takes_what_is_at_hand_without_waiting,
             queues::queue_ttl_dead_letters_into_another_queue,
             queues::per_message_expiration_dead_letters_and_is_removed,
             queues::only_the_head_of_a_queue_expires,

@@ -124,6 +124,24 @@ impl Subscription for MemorySubscription {
         })
     }
 
+    fn try_next(&mut self) -> Option<Option<Result<Delivery, TransportError>>> {
+        // As `next` polled once, without its future.
+        if self.closed.load(Ordering::Acquire) {
+            self.discard_buffered();
+            return Some(None);
+        }
+        let p = match self.rx.try_recv() {
+            Ok(p) => p,
+            Err(mpsc::error::TryRecvError::Empty) => return None,
+            Err(mpsc::error::TryRecvError::Disconnected) => return Some(None),
+        };
+        if self.closed.load(Ordering::Acquire) {
+            self.discard_buffered();
+            return Some(None);
+        }
+        Some(Some(Ok(delivery(p, &self.conn.broker, self.channel))))
+    }
+
     fn cancel(&mut self) -> BoxFuture<'_, Result<(), TransportError>> {
         self.by_us = true;
         self.conn.broker.lock().cancel_consumer(self.channel);
