@@ -465,8 +465,9 @@ pub(crate) async fn publish_prepared(
         .await
 }
 
-/// A publish handed to the transport, awaiting its confirm. Its destination is not kept:
-/// whoever finishes it has it (a copy per publish only for an unroutable one's error).
+/// A publish handed to the transport, awaiting its confirm. It keeps no copy of its
+/// exchange and routing key: whoever finishes it has them (copied only into an unroutable
+/// publish's error).
 struct InFlight {
     message_id: String,
     mandatory: bool,

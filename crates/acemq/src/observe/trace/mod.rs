@@ -74,16 +74,12 @@ impl TraceContext {
     /// A new trace: random trace and span ids, sampled, no `tracestate`.
     pub fn new_root() -> Self {
         // Both ids from one draw of the thread's generator (each draw has a fixed cost).
-        let (trace_id, span_id) = loop {
+        let (mut trace_id, mut span_id) = ([0u8; 16], [0u8; 8]);
+        while trace_id == [0; 16] || span_id == [0; 8] {
             let ids: [u8; 24] = rand::random();
-            let (t, s) = ids.split_at(16);
-            if let (Ok(t), Ok(s)) = (<[u8; 16]>::try_from(t), <[u8; 8]>::try_from(s))
-                && t != [0; 16]
-                && s != [0; 8]
-            {
-                break (t, s);
-            }
-        };
+            trace_id.copy_from_slice(&ids[..16]);
+            span_id.copy_from_slice(&ids[16..]);
+        }
         TraceContext {
             trace_id,
             span_id,

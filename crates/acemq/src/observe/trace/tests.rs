@@ -218,10 +218,9 @@ fn hex_decodes_every_byte_and_refuses_every_other_digit() {
             Some(())
         );
         assert_eq!(out[0], b);
-        let c = [b];
         if !(b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
-            assert_eq!(decode_hex(&[c[0], b'0'], &mut out), None, "{b:#04x} high");
-            assert_eq!(decode_hex(&[b'0', c[0]], &mut out), None, "{b:#04x} low");
+            assert_eq!(decode_hex(&[b, b'0'], &mut out), None, "{b:#04x} high");
+            assert_eq!(decode_hex(&[b'0', b], &mut out), None, "{b:#04x} low");
         }
     }
     assert_eq!(decode_hex(b"abc", &mut [0u8; 1]), None);
