@@ -89,15 +89,17 @@ impl<T: ?Sized + 'static> Publisher<T> {
     ) -> Publisher<T> {
         let transport = crate::observe::transport_name(engine.transport.kind());
         let metrics = PublishMetrics::for_destination(transport, &exchange, &routing_key);
+        let encoder = Arc::new(encoder);
         Publisher::with_metrics(engine, exchange, routing_key, encoder, Arc::new(metrics))
     }
 
-    /// A publisher recording into `metrics` kept by its caller (a requester keeps them).
-    pub(crate) fn with_metrics<E: Encoder<T>>(
+    /// A publisher recording into `metrics` kept by its caller, with an encoder its caller
+    /// shares (a requester keeps both, and decodes replies with the same codec).
+    pub(crate) fn with_metrics(
         engine: Arc<Engine>,
         exchange: String,
         routing_key: String,
-        encoder: E,
+        encoder: Arc<dyn Encoder<T>>,
         metrics: Arc<PublishMetrics>,
     ) -> Publisher<T> {
         Publisher {
@@ -105,7 +107,7 @@ impl<T: ?Sized + 'static> Publisher<T> {
             metrics,
             exchange,
             routing_key,
-            encoder: Arc::new(encoder),
+            encoder,
             mandatory: true,
             persistent: true,
             _payload: PhantomData,
