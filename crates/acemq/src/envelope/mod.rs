@@ -6,9 +6,12 @@
 //! prefix rule (stripped from what handlers see, refused on publish), and the origin stamp.
 
 pub(crate) mod cause;
+mod fields;
 mod route;
 
 pub use route::{ROUTE, ROUTE_ID, ROUTE_POSITION, Route};
+
+use fields::{Fields, positive, text};
 
 use std::sync::OnceLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -528,76 +531,6 @@ pub(crate) fn id_text(id: uuid::Uuid) -> String {
 
 fn non_empty(s: String) -> Option<String> {
     if s.is_empty() { None } else { Some(s) }
-}
-
-/// The envelope's headers of one table, found in one pass over it (a lookup per field
-/// would search the table a dozen times per delivery).
-#[derive(Default)]
-struct Fields<'a> {
-    id: Option<&'a HeaderValue>,
-    message_type: Option<&'a HeaderValue>,
-    version: Option<&'a HeaderValue>,
-    correlation: Option<&'a HeaderValue>,
-    causation: Option<&'a HeaderValue>,
-    attempt: Option<&'a HeaderValue>,
-    first_seen: Option<&'a HeaderValue>,
-    origin: Option<&'a HeaderValue>,
-    error: Option<&'a HeaderValue>,
-    claim: Option<&'a HeaderValue>,
-    replayed_from: Option<&'a HeaderValue>,
-    replayed_at: Option<&'a HeaderValue>,
-    replay_count: Option<&'a HeaderValue>,
-    reply_to: Option<&'a HeaderValue>,
-    /// A routing slip's header is there (read by [`Route::read`]).
-    route: bool,
-}
-
-impl<'a> Fields<'a> {
-    fn of(h: &'a Headers) -> Self {
-        let mut f = Fields::default();
-        for (name, value) in h {
-            let slot = match name.as_str() {
-                ID => &mut f.id,
-                TYPE => &mut f.message_type,
-                VERSION => &mut f.version,
-                CORRELATION => &mut f.correlation,
-                CAUSATION => &mut f.causation,
-                ATTEMPT => &mut f.attempt,
-                FIRST_SEEN => &mut f.first_seen,
-                ORIGIN => &mut f.origin,
-                ERROR => &mut f.error,
-                CLAIM => &mut f.claim,
-                REPLAYED_FROM => &mut f.replayed_from,
-                REPLAYED_AT => &mut f.replayed_at,
-                REPLAY_COUNT => &mut f.replay_count,
-                REPLY_TO => &mut f.reply_to,
-                ROUTE => {
-                    f.route = true;
-                    continue;
-                }
-                _ => continue,
-            };
-            *slot = Some(value);
-        }
-        f
-    }
-}
-
-/// A header's value as text: strings (empty reads as absent), UTF-8 byte arrays, integers.
-fn text(value: &HeaderValue) -> Option<String> {
-    match value {
-        HeaderValue::Str(s) => non_empty(s.clone()),
-        HeaderValue::Bytes(b) => non_empty(String::from_utf8_lossy(b).into_owned()),
-        other => other.as_i64().map(|v| v.to_string()),
-    }
-}
-
-fn positive(value: Option<&HeaderValue>) -> i32 {
-    value
-        .and_then(HeaderValue::as_i64)
-        .and_then(|v| i32::try_from(v).ok())
-        .filter(|v| *v >= 1)
-        .unwrap_or(1)
 }
 
 /// Writes an optional field, or removes a stale one when `stale` says there may be one.
