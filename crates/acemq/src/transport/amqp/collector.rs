@@ -13,10 +13,14 @@ use std::collections::hash_map::DefaultHasher;
 use std::future::Future;
 use std::hash::{Hash, Hasher};
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::Poll;
 use std::time::Duration;
 
 use futures::FutureExt;
 use futures::stream::{FuturesUnordered, StreamExt};
+use futures::task::{ArcWake, AtomicWaker};
 use lapin::Confirmation as LapinConfirmation;
 use lapin::{Channel, ConnectionStatus};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -85,7 +89,8 @@ type Confirms = FuturesUnordered<Pin<Box<dyn Future<Output = (u64, Resolved)> + 
 #[allow(clippy::large_enum_variant)]
 enum Event {
     Resolved(u64, Resolved),
-    Incoming(Option<Pending>),
+    /// A publish may have been handed over (taken at the top of the next turn).
+    Incoming,
     Deadline,
     Status(bool),
     Stranded,
@@ -106,10 +111,66 @@ fn answer_in_doubt(queue: &mut VecDeque<Waiting>, now: Instant, only_before: Opt
     }
 }
 
+/// The waker a publisher polls its publish with the first time (under the channel's lock),
+/// so that lapin wakes the collector, not the publisher, when the frames are written: a
+/// publish handed over while the collector awaits other confirms does not wake it (one
+/// task wake-up per publish fewer), it is taken on the collector's next turn, which the
+/// publish's own progress causes.
+///
+/// The one race is a wake that lapin delivers after the first poll but before the publish
+/// is in the inbox: the collector may run its turn too early and miss it. So the wakes are
+/// counted, and a publisher that sees the count move while it handed over wakes the
+/// collector itself ([`Handover::handed`]).
+#[derive(Default)]
+pub(super) struct Handover {
+    collector: AtomicWaker,
+    wakes: AtomicU64,
+}
+
+impl ArcWake for Handover {
+    fn wake_by_ref(arc_self: &Arc<Self>) {
+        arc_self.wakes.fetch_add(1, Ordering::SeqCst);
+        arc_self.collector.wake();
+    }
+}
+
+impl Handover {
+    /// The wakes so far: read before the first poll of a publish.
+    pub(super) fn wakes(&self) -> u64 {
+        self.wakes.load(Ordering::SeqCst)
+    }
+
+    /// Called once the publish is in the inbox: wakes the collector when lapin may already
+    /// have used this waker (`wakes` moved since `before`) or will not (`settled`: the
+    /// first poll finished the publish).
+    pub(super) fn handed(self: &Arc<Self>, before: u64, settled: bool) {
+        if settled || self.wakes() != before {
+            ArcWake::wake_by_ref(self);
+        }
+    }
+
+    /// Ready once a wake came since the collector last saw one (`seen`), registering the
+    /// collector's waker first so that none is lost.
+    fn woken(&self, seen: &mut u64) -> impl Future<Output = ()> {
+        std::future::poll_fn(move |cx| {
+            self.collector.register(cx.waker());
+            let now = self.wakes();
+            if now == *seen {
+                return Poll::Pending;
+            }
+            *seen = now;
+            Poll::Ready(())
+        })
+    }
+}
+
 /// What the collector receives publishes through, and the channel they were written on.
 pub(super) struct Inbox {
     pub(super) channel: Channel,
+    /// Publishes handed over; it wakes the collector only while it waits with nothing to
+    /// collect (otherwise [`Handover`] does).
     pub(super) incoming: mpsc::UnboundedReceiver<Pending>,
+    pub(super) handover: Arc<Handover>,
     /// The channel's publish counter: the watermark of a return seen now.
     pub(super) written: Written,
     /// The highest publish number received so far.
@@ -157,7 +218,7 @@ pub(super) async fn collect(
     mut status: watch::Receiver<TransportStatus>,
 ) {
     let mut watching = true;
-    let mut inbox_open = true;
+    let mut seen_wakes = inbox.handover.wakes();
     let mut queue: VecDeque<Waiting> = VecDeque::new();
     let mut confirms = Confirms::new();
     let mut returns = Returns::default();
@@ -191,14 +252,16 @@ pub(super) async fn collect(
             sleep.as_mut().reset(d);
             armed = Some(d);
         }
-        // A new publish wakes the collector, which must poll its confirm once for lapin
-        // to wake it when that confirm is in: a publish is answered as soon as its own
-        // confirm is in, even while an older one's is withheld. Publishes that arrive while
-        // the collector is busy are taken in bulk on the next turn (and by `gather`).
+        // A new publish's progress (lapin, through [`Handover`]) wakes the collector, which
+        // then polls it among the others, so that lapin wakes it when that confirm is in: a
+        // publish is answered as soon as its own confirm is in, even while an older one's
+        // is withheld. Publishes handed over meanwhile are taken in bulk on the next turn
+        // (and by `gather`).
+        let handover = inbox.handover.clone();
         let event = tokio::select! {
             biased;
             Some((seq, r)) = confirms.next() => Event::Resolved(seq, r),
-            p = inbox.incoming.recv(), if inbox_open => Event::Incoming(p),
+            () = handover.woken(&mut seen_wakes), if !inbox.incoming.is_closed() => Event::Incoming,
             () = &mut sleep, if deadline.is_some() => Event::Deadline,
             changed = status.changed(), if watching => Event::Status(changed.is_ok()),
             // Every queued publish has its confirm awaited, or an older one with its key
@@ -215,10 +278,9 @@ pub(super) async fn collect(
             }
             // The loop checks the blocked flag on every turn.
             Event::Status(open) => watching = open,
-            Event::Incoming(Some(p)) => enqueue(p, &mut queue, &mut confirms),
-            // The publisher is gone: the confirms still awaited are answered, then the
-            // loop ends (at its top, with the queue empty).
-            Event::Incoming(None) => inbox_open = false,
+            // The publisher being gone is seen at the top, once the confirms still awaited
+            // are answered and the queue is empty.
+            Event::Incoming => {}
             Event::Stranded => {
                 debug!("confirm collector: queued publishes without a confirm to await");
                 answer_in_doubt(&mut queue, Instant::now(), None);
@@ -360,5 +422,86 @@ fn lost(cause: TransportError) -> TransportError {
     TransportError::ConfirmLost {
         detail: cause.to_string(),
         source: Some(std::sync::Arc::new(cause)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::task::Context;
+
+    use futures::task::{ArcWake, waker_ref};
+
+    use super::Handover;
+
+    /// A task's waker that counts its wakes.
+    #[derive(Default)]
+    struct Task(AtomicUsize);
+
+    impl ArcWake for Task {
+        fn wake_by_ref(arc_self: &Arc<Self>) {
+            arc_self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Polls the collector's `woken` once, as its turn would, with `task`'s waker.
+    fn turn(handover: &Handover, seen: &mut u64, task: &Arc<Task>) -> bool {
+        let waker = waker_ref(task);
+        let woken = handover.woken(seen);
+        futures::pin_mut!(woken);
+        woken.poll(&mut Context::from_waker(&waker)).is_ready()
+    }
+
+    #[test]
+    fn lapin_waking_a_handed_over_publish_wakes_the_collector_once() {
+        let handover = Arc::new(Handover::default());
+        let collector = Arc::new(Task::default());
+        let mut seen = handover.wakes();
+        assert!(
+            !turn(&handover, &mut seen, &collector),
+            "nothing to take yet"
+        );
+        // A publish polled first with the handover's waker, handed over: no wake by itself.
+        let before = handover.wakes();
+        handover.handed(before, false);
+        assert_eq!(collector.0.load(Ordering::SeqCst), 0);
+        // lapin wrote its frames: the collector is woken and its turn takes it.
+        ArcWake::wake_by_ref(&handover);
+        assert_eq!(collector.0.load(Ordering::SeqCst), 1);
+        assert!(turn(&handover, &mut seen, &collector));
+        assert!(
+            !turn(&handover, &mut seen, &collector),
+            "one wake, one turn"
+        );
+    }
+
+    #[test]
+    fn a_wake_before_the_publish_was_in_the_inbox_is_given_again() {
+        let handover = Arc::new(Handover::default());
+        let collector = Arc::new(Task::default());
+        let mut seen = handover.wakes();
+        assert!(!turn(&handover, &mut seen, &collector));
+        let before = handover.wakes();
+        // lapin wakes between the first poll and the handover; the collector's turn runs
+        // then and finds the inbox empty.
+        ArcWake::wake_by_ref(&handover);
+        assert!(turn(&handover, &mut seen, &collector));
+        assert!(!turn(&handover, &mut seen, &collector));
+        // The publisher sees the count moved: it wakes the collector for another turn.
+        handover.handed(before, false);
+        assert_eq!(collector.0.load(Ordering::SeqCst), 2);
+        assert!(turn(&handover, &mut seen, &collector));
+    }
+
+    #[test]
+    fn a_publish_finished_by_its_first_poll_wakes_the_collector() {
+        let handover = Arc::new(Handover::default());
+        let collector = Arc::new(Task::default());
+        let mut seen = handover.wakes();
+        assert!(!turn(&handover, &mut seen, &collector));
+        handover.handed(handover.wakes(), true);
+        assert_eq!(collector.0.load(Ordering::SeqCst), 1);
+        assert!(turn(&handover, &mut seen, &collector));
     }
 }

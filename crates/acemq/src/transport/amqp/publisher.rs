@@ -12,7 +12,10 @@
 //!   publishes made while lapin writes go out together in one socket write, as they do
 //!   when raw lapin callers publish concurrently. (Holding the lock until the frames were
 //!   written made every publish its own write and its own wake-up of lapin's I/O thread:
-//!   1.0 `sendto` per publish against raw lapin's 0.66 in the request/reply bench.)
+//!   1.0 `sendto` per publish against raw lapin's 0.66 in the request/reply bench.) That
+//!   first poll is made with the collector's waker (`collector::Handover`), so lapin wakes
+//!   the collector when the frames are written, and handing the publish over does not wake
+//!   it a second time.
 //! * **Returns are matched by `message_id`, exchange and routing key.** The engine
 //!   republishes a message under its own id (a retry hop, a dead letter), so the id alone
 //!   can name two publishes in flight at once; the destination tells them apart. A return
@@ -61,7 +64,8 @@
 //!   collector sends the broker's own answer there once the confirm resolves, so a move
 //!   waits for it instead of publishing a second copy that would also be delivered.
 
-use std::task::Poll;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use lapin::Channel;
@@ -70,7 +74,7 @@ use tokio::sync::{Mutex, mpsc, oneshot, watch};
 use tokio::time::Instant;
 use tracing::debug;
 
-use super::collector::{Confirming, Inbox, Pending, Resolved, collect, exchange_tag};
+use super::collector::{Confirming, Handover, Inbox, Pending, Resolved, collect, exchange_tag};
 use super::convert;
 use super::errors::from_lapin;
 use super::link::{HANDSHAKE_TIMEOUT, Link};
@@ -83,6 +87,8 @@ use crate::transport::{
 struct Live {
     channel: Channel,
     collector: mpsc::UnboundedSender<Pending>,
+    /// The waker each publish is first polled with (it wakes the collector).
+    handover: Arc<Handover>,
     /// Numbers the publishes on this channel; shared with the collector.
     written: Written,
 }
@@ -261,12 +267,17 @@ impl ConfirmChannel {
         // The first poll registers the confirm and queues the frames (lapin does both before
         // its first await), under the lock: what the one-at-a-time rule needs. Waiting for the
         // frames to be written is the collector's part, so publishes queued meanwhile go out
-        // in one write.
-        match futures::poll!(&mut confirm) {
-            Poll::Pending => {}
+        // in one write; lapin wakes the collector for it ([`Handover`]).
+        let wakes = live.handover.wakes();
+        let waker = futures::task::waker_ref(&live.handover);
+        let settled = match confirm.as_mut().poll(&mut Context::from_waker(&waker)) {
+            Poll::Pending => false,
             Poll::Ready(Resolved::Unwritten(e)) => return Err(from_lapin(e)),
-            Poll::Ready(confirmed) => confirm = Box::pin(futures::future::ready(confirmed)),
-        }
+            Poll::Ready(confirmed) => {
+                confirm = Box::pin(futures::future::ready(confirmed));
+                true
+            }
+        };
         let (reply, answer) = oneshot::channel();
         let (late, late_answer) = if track {
             let (tx, rx) = oneshot::channel();
@@ -288,6 +299,7 @@ impl ConfirmChannel {
                 detail: "the publisher's confirm collector stopped".into(),
             });
         }
+        live.handover.handed(wakes, settled);
         drop((guard, in_flight));
         Ok(TrackedConfirm {
             answer: awaited(answer),
@@ -338,11 +350,13 @@ impl ConfirmChannel {
                     ),
                 })??;
             let (collector, incoming) = mpsc::unbounded_channel();
+            let handover = Arc::new(Handover::default());
             let written = Written::default();
             tokio::spawn(collect(
                 Inbox {
                     channel: channel.clone(),
                     incoming,
+                    handover: handover.clone(),
                     written: written.clone(),
                     received: 0,
                 },
@@ -353,6 +367,7 @@ impl ConfirmChannel {
             *live = Some(Live {
                 channel,
                 collector,
+                handover,
                 written,
             });
         }
