@@ -246,14 +246,14 @@ impl Transport for AmqpTransport {
     }
 
     fn publish(&self, message: Outbound) -> BoxFuture<'_, Result<PendingConfirm, TransportError>> {
-        Box::pin(self.inner.publisher.publish(message))
+        self.inner.publisher.publish(message)
     }
 
     fn publish_tracked(
         &self,
         message: Outbound,
     ) -> BoxFuture<'_, Result<TrackedConfirm, TransportError>> {
-        Box::pin(self.inner.publisher.publish_tracked(message))
+        self.inner.publisher.publish_tracked(message)
     }
 
     fn consume(

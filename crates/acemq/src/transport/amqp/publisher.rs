@@ -68,8 +68,11 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use lapin::Channel;
+use bytes::Bytes;
+use futures::FutureExt;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::types::ShortString;
+use lapin::{BasicProperties, Channel};
 use tokio::sync::{Mutex, mpsc, oneshot, watch};
 use tokio::time::Instant;
 use tracing::debug;
@@ -80,7 +83,8 @@ use super::errors::from_lapin;
 use super::link::{HANDSHAKE_TIMEOUT, Link};
 use super::returns::{Written, return_key};
 use crate::transport::{
-    Confirmation, Outbound, PendingConfirm, TrackedConfirm, TransportError, TransportStatus,
+    BoxFuture, Confirmation, Outbound, PendingConfirm, TrackedConfirm, TransportError,
+    TransportStatus,
 };
 
 /// The live publisher channel and its collector.
@@ -148,29 +152,33 @@ impl ConfirmChannel {
     }
 
     /// Waits up to `publish_wait` for the link to be ready; refuses with
-    /// [`TransportError::NotConnected`] (nothing sent) otherwise.
-    async fn ready(
-        &self,
-        status: &mut watch::Receiver<TransportStatus>,
-    ) -> Result<(), TransportError> {
-        if self.link.ready() {
-            return Ok(());
-        }
-        let deadline = Instant::now() + self.publish_wait;
-        while Instant::now() < deadline {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let _ =
-                tokio::time::timeout(left.min(Duration::from_millis(100)), status.changed()).await;
+    /// [`TransportError::NotConnected`] (nothing sent) otherwise. Boxed: a rare wait, kept
+    /// out of every publish's future.
+    fn ready<'a>(
+        &'a self,
+        status: &'a mut watch::Receiver<TransportStatus>,
+    ) -> BoxFuture<'a, Result<(), TransportError>> {
+        Box::pin(async move {
             if self.link.ready() {
                 return Ok(());
             }
-        }
-        Err(TransportError::NotConnected {
-            detail: if self.link.recovering() {
-                "the publishing connection is recovering".into()
-            } else {
-                "the publishing connection is down".into()
-            },
+            let deadline = Instant::now() + self.publish_wait;
+            while Instant::now() < deadline {
+                let left = deadline.saturating_duration_since(Instant::now());
+                let _ =
+                    tokio::time::timeout(left.min(Duration::from_millis(100)), status.changed())
+                        .await;
+                if self.link.ready() {
+                    return Ok(());
+                }
+            }
+            Err(TransportError::NotConnected {
+                detail: if self.link.recovering() {
+                    "the publishing connection is recovering".into()
+                } else {
+                    "the publishing connection is down".into()
+                },
+            })
         })
     }
 
@@ -190,41 +198,37 @@ impl ConfirmChannel {
     }
 
     /// Publishes one message; see the module docs.
-    pub(crate) async fn publish(&self, m: Outbound) -> Result<PendingConfirm, TransportError> {
-        Ok(self.publish_inner(m, false).await?.answer)
+    pub(crate) fn publish(
+        &self,
+        m: Outbound,
+    ) -> BoxFuture<'_, Result<PendingConfirm, TransportError>> {
+        match Prepared::of(m) {
+            Ok(p) => Box::pin(self.publish_inner(p, false).map(|r| r.map(|t| t.answer))),
+            Err(e) => Box::pin(std::future::ready(Err(e))),
+        }
     }
 
     /// [`ConfirmChannel::publish`], keeping the broker's own answer for a publish answered
     /// in doubt while its confirm can still arrive (a timeout, or a block seen after it was
     /// written): [`TrackedConfirm::late`].
-    pub(crate) async fn publish_tracked(
+    pub(crate) fn publish_tracked(
         &self,
         m: Outbound,
-    ) -> Result<TrackedConfirm, TransportError> {
-        self.publish_inner(m, true).await
+    ) -> BoxFuture<'_, Result<TrackedConfirm, TransportError>> {
+        match Prepared::of(m) {
+            Ok(p) => Box::pin(self.publish_inner(p, true)),
+            Err(e) => Box::pin(std::future::ready(Err(e))),
+        }
     }
 
+    /// `p` goes in whole and its fields are used in place: the future keeps one copy of the
+    /// message (an `async fn` keeps its arguments, and a value moved out of one still holds
+    /// its place), so it stays small enough for glibc's per-thread cache.
     async fn publish_inner(
         &self,
-        m: Outbound,
+        p: Prepared,
         track: bool,
     ) -> Result<TrackedConfirm, TransportError> {
-        crate::topology::check_short(&m.exchange)?;
-        crate::topology::check_short(&m.routing_key)?;
-        let exchange_hash = exchange_tag(&m.exchange);
-        let message_id = m
-            .properties
-            .message_id
-            .as_deref()
-            .map(|id| return_key(id, &m.exchange, &m.routing_key));
-        let exchange = convert::short("exchange", m.exchange)?;
-        let routing_key = convert::short("routing key", m.routing_key)?;
-        let properties = convert::to_basic(m.properties)?;
-        let options = BasicPublishOptions {
-            mandatory: m.mandatory,
-            immediate: false,
-        };
-
         if !self.link.ready() {
             let mut status = {
                 let state = self.state.lock().await;
@@ -248,16 +252,39 @@ impl ConfirmChannel {
             return Err(TransportError::Blocked { reason });
         }
         let conn = self.link.current();
-        let live = self.live(&mut state.live, &state.status, &conn).await?;
+        let healthy = state
+            .live
+            .as_ref()
+            .is_some_and(|l| l.channel.status().connected());
+        if !healthy {
+            if state.live.take().is_some() {
+                debug!("the publisher channel was closed; opening a new one");
+            }
+            state.live = Some(self.open(&state.status, &conn).await?);
+        }
+        let Some(live) = state.live.as_ref() else {
+            return Err(TransportError::Closed {
+                detail: "no publisher channel".into(),
+            });
+        };
         state.status.mark_unchanged();
         let started = Instant::now();
         // Numbered before lapin gets the frames, and in flight until handed over (see
         // `returns`).
         let in_flight = live.written.begin();
         let channel = live.channel.clone();
+        let Prepared {
+            exchange,
+            routing_key,
+            properties,
+            body,
+            options,
+            message_id,
+            exchange_hash,
+        } = p;
         let mut confirm: Confirming = Box::pin(async move {
             match channel
-                .basic_publish(exchange, routing_key, options, &m.body, properties)
+                .basic_publish(exchange, routing_key, options, &body, properties)
                 .await
             {
                 Ok(confirm) => Resolved::Confirmed(confirm.await),
@@ -307,21 +334,15 @@ impl ConfirmChannel {
         })
     }
 
-    /// The live publisher channel, opening a new one (with its collector) when there is none
-    /// or the last one was closed.
-    async fn live<'a>(
-        &self,
-        live: &'a mut Option<Live>,
-        status: &watch::Receiver<TransportStatus>,
-        conn: &lapin::Connection,
-    ) -> Result<&'a Live, TransportError> {
-        let healthy = live
-            .as_ref()
-            .is_some_and(|l| l.channel.status().connected());
-        if !healthy {
-            if live.take().is_some() {
-                debug!("the publisher channel was closed; opening a new one");
-            }
+    /// Opens a publisher channel in confirm mode, with its collector. Boxed and made by a
+    /// plain function: opening is rare, and lapin's channel handshake would otherwise be part
+    /// of every publish's future (too large for glibc's per-thread cache to serve).
+    fn open<'a>(
+        &'a self,
+        status: &'a watch::Receiver<TransportStatus>,
+        conn: &'a lapin::Connection,
+    ) -> BoxFuture<'a, Result<Live, TransportError>> {
+        Box::pin(async move {
             // Bounded: on a connection cut just after its handshake, lapin may never answer
             // `channel.open`, and this publish holds the state lock the redial's reset
             // waits for (seen in the flapping-link drill: the publish side never recovered).
@@ -364,15 +385,12 @@ impl ConfirmChannel {
                 conn.status().clone(),
                 status.clone(),
             ));
-            *live = Some(Live {
+            Ok(Live {
                 channel,
                 collector,
                 handover,
                 written,
-            });
-        }
-        live.as_ref().ok_or_else(|| TransportError::Closed {
-            detail: "no publisher channel".into(),
+            })
         })
     }
 
@@ -387,6 +405,50 @@ impl ConfirmChannel {
     /// (closing the connection rejects whatever was still unconfirmed).
     pub(crate) async fn release(&self) {
         self.state.lock().await.live = None;
+    }
+}
+
+/// One publish as lapin takes it, converted before its future starts (so the future holds
+/// this, not the [`Outbound`] too).
+struct Prepared {
+    exchange: ShortString,
+    routing_key: ShortString,
+    properties: BasicProperties,
+    body: Bytes,
+    options: BasicPublishOptions,
+    /// The return key ([`return_key`]), when the message has an id.
+    message_id: Option<String>,
+    /// [`exchange_tag`] of the exchange.
+    exchange_hash: u64,
+}
+
+impl Prepared {
+    fn of(m: Outbound) -> Result<Prepared, TransportError> {
+        let Outbound {
+            exchange,
+            routing_key,
+            mandatory,
+            properties,
+            body,
+        } = m;
+        crate::topology::check_short(&exchange)?;
+        crate::topology::check_short(&routing_key)?;
+        let message_id = properties
+            .message_id
+            .as_deref()
+            .map(|id| return_key(id, &exchange, &routing_key));
+        Ok(Prepared {
+            exchange_hash: exchange_tag(&exchange),
+            message_id,
+            exchange: convert::short("exchange", exchange)?,
+            routing_key: convert::short("routing key", routing_key)?,
+            properties: convert::to_basic(properties)?,
+            body,
+            options: BasicPublishOptions {
+                mandatory,
+                immediate: false,
+            },
+        })
     }
 }
 
