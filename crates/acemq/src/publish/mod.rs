@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures::future::BoxFuture;
+use futures::{FutureExt, TryFutureExt};
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::codec::Encoder;
@@ -171,23 +172,22 @@ impl<T: ?Sized + 'static> Publisher<T> {
     }
 
     /// Publishes a built message in its span, waits for the confirm, and records the
-    /// outcome in the publish metric and the span.
-    async fn send_built(
+    /// outcome in the publish metric and the span. Combinators, not an `async fn`: the
+    /// message is held once (in `start`), not once more per layer.
+    fn send_built(
         &self,
         outbound: Outbound,
         span: tracing::Span,
         started: Instant,
-    ) -> Result<PublishResult, Error> {
-        let result = async {
-            let sent = self.start(outbound, None).await?;
-            sent.finish(started, &self.exchange, &self.routing_key)
-                .await
-        }
-        .instrument(span.clone())
-        .await;
-        let outcome = self.record(&result, started);
-        trace::record_publish_outcome(&span, outcome);
-        result
+    ) -> impl Future<Output = Result<PublishResult, Error>> + Send + '_ {
+        self.start(outbound, None)
+            .and_then(move |sent| sent.finish(started, &self.exchange, &self.routing_key))
+            .instrument(span.clone())
+            .map(move |result| {
+                let outcome = self.record(&result, started);
+                trace::record_publish_outcome(&span, outcome);
+                result
+            })
     }
 
     /// The publish span of a built message (its context is the `traceparent` it carries; its
@@ -477,24 +477,25 @@ struct InFlight {
     _permit: OwnedSemaphorePermit,
 }
 
-async fn start_publish(
+/// Hands `outbound` to the transport now (a plain function: the future it returns holds
+/// the transport's own future, not a second copy of the message) and awaits the hand-over.
+fn start_publish(
     engine: &Engine,
     outbound: Outbound,
     permit: OwnedSemaphorePermit,
-) -> Result<InFlight, Error> {
+) -> impl Future<Output = Result<InFlight, Error>> + Send + '_ {
     let message_id = outbound.properties.message_id.clone().unwrap_or_default();
     let mandatory = outbound.mandatory;
-    let confirm = engine
-        .transport
-        .publish(outbound)
-        .await
-        .map_err(map_refusal)?;
-    Ok(InFlight {
-        message_id,
-        mandatory,
-        confirm,
-        _permit: permit,
-    })
+    let handing_over = engine.transport.publish(outbound);
+    async move {
+        let confirm = handing_over.await.map_err(map_refusal)?;
+        Ok(InFlight {
+            message_id,
+            mandatory,
+            confirm,
+            _permit: permit,
+        })
+    }
 }
 
 impl InFlight {
