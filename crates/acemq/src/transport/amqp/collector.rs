@@ -445,63 +445,74 @@ mod tests {
         }
     }
 
-    /// Polls the collector's `woken` once, as its turn would, with `task`'s waker.
-    fn turn(handover: &Handover, seen: &mut u64, task: &Arc<Task>) -> bool {
-        let waker = waker_ref(task);
-        let woken = handover.woken(seen);
-        futures::pin_mut!(woken);
-        woken.poll(&mut Context::from_waker(&waker)).is_ready()
+    /// A collector parked on its hand-over waker (its first turn found nothing to take).
+    struct Parked {
+        handover: Arc<Handover>,
+        task: Arc<Task>,
+        seen: u64,
+    }
+
+    impl Parked {
+        fn new() -> Parked {
+            let handover = Arc::new(Handover::default());
+            let seen = handover.wakes();
+            let mut parked = Parked {
+                handover,
+                task: Arc::default(),
+                seen,
+            };
+            assert!(!parked.turn(), "nothing to take yet");
+            parked
+        }
+
+        /// Polls the collector's `woken` once, as its turn would, with the task's waker.
+        fn turn(&mut self) -> bool {
+            let waker = waker_ref(&self.task);
+            let woken = self.handover.woken(&mut self.seen);
+            futures::pin_mut!(woken);
+            woken.poll(&mut Context::from_waker(&waker)).is_ready()
+        }
+
+        /// How often the collector's task was woken.
+        fn woken(&self) -> usize {
+            self.task.0.load(Ordering::SeqCst)
+        }
     }
 
     #[test]
     fn lapin_waking_a_handed_over_publish_wakes_the_collector_once() {
-        let handover = Arc::new(Handover::default());
-        let collector = Arc::new(Task::default());
-        let mut seen = handover.wakes();
-        assert!(
-            !turn(&handover, &mut seen, &collector),
-            "nothing to take yet"
-        );
+        let mut c = Parked::new();
         // A publish polled first with the handover's waker, handed over: no wake by itself.
-        let before = handover.wakes();
-        handover.handed(before, false);
-        assert_eq!(collector.0.load(Ordering::SeqCst), 0);
+        let before = c.handover.wakes();
+        c.handover.handed(before, false);
+        assert_eq!(c.woken(), 0);
         // lapin wrote its frames: the collector is woken and its turn takes it.
-        ArcWake::wake_by_ref(&handover);
-        assert_eq!(collector.0.load(Ordering::SeqCst), 1);
-        assert!(turn(&handover, &mut seen, &collector));
-        assert!(
-            !turn(&handover, &mut seen, &collector),
-            "one wake, one turn"
-        );
+        ArcWake::wake_by_ref(&c.handover);
+        assert_eq!(c.woken(), 1);
+        assert!(c.turn());
+        assert!(!c.turn(), "one wake, one turn");
     }
 
     #[test]
     fn a_wake_before_the_publish_was_in_the_inbox_is_given_again() {
-        let handover = Arc::new(Handover::default());
-        let collector = Arc::new(Task::default());
-        let mut seen = handover.wakes();
-        assert!(!turn(&handover, &mut seen, &collector));
-        let before = handover.wakes();
+        let mut c = Parked::new();
+        let before = c.handover.wakes();
         // lapin wakes between the first poll and the handover; the collector's turn runs
         // then and finds the inbox empty.
-        ArcWake::wake_by_ref(&handover);
-        assert!(turn(&handover, &mut seen, &collector));
-        assert!(!turn(&handover, &mut seen, &collector));
+        ArcWake::wake_by_ref(&c.handover);
+        assert!(c.turn());
+        assert!(!c.turn());
         // The publisher sees the count moved: it wakes the collector for another turn.
-        handover.handed(before, false);
-        assert_eq!(collector.0.load(Ordering::SeqCst), 2);
-        assert!(turn(&handover, &mut seen, &collector));
+        c.handover.handed(before, false);
+        assert_eq!(c.woken(), 2);
+        assert!(c.turn());
     }
 
     #[test]
     fn a_publish_finished_by_its_first_poll_wakes_the_collector() {
-        let handover = Arc::new(Handover::default());
-        let collector = Arc::new(Task::default());
-        let mut seen = handover.wakes();
-        assert!(!turn(&handover, &mut seen, &collector));
-        handover.handed(handover.wakes(), true);
-        assert_eq!(collector.0.load(Ordering::SeqCst), 1);
-        assert!(turn(&handover, &mut seen, &collector));
+        let mut c = Parked::new();
+        c.handover.handed(c.handover.wakes(), true);
+        assert_eq!(c.woken(), 1);
+        assert!(c.turn());
     }
 }
