@@ -502,7 +502,12 @@ async fn run_handler<T: Send + 'static, H: Handler<T>>(
             .fold(inner, |next, layer| layer.wrap(info, next));
         AssertUnwindSafe(wrapped).catch_unwind().await
     } else {
-        AssertUnwindSafe(handler.call(message)).catch_unwind().await
+        // A handler's `call` may run code of its own before it returns its future: a panic
+        // there is the handler's failure too, not the end of the consumer's loop.
+        match std::panic::catch_unwind(AssertUnwindSafe(|| handler.call(message))) {
+            Ok(call) => AssertUnwindSafe(call).catch_unwind().await,
+            Err(panic) => Err(panic),
+        }
     };
     match result {
         Ok(Ok(())) => Outcome::Handled,

@@ -373,6 +373,52 @@ async fn a_layer_can_answer_without_running_the_handler() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_that_panics_before_returning_its_future_fails_only_that_message() {
+    on_each_target(|target: Broker| async move {
+        // Queue kinds: the failed message is dead-lettered (a stream stops its reader on a
+        // final failure instead; see `streams.rs`).
+        for kind in kinds(&target).into_iter().filter(|k| *k != Kind::Stream) {
+            let handled = Arc::new(AtomicU32::new(0));
+            let h = handled.clone();
+            let options = ConsumerOptions::default().retry(RetryPolicy::none());
+            // The harness calls this inside the handler's `call`, before the future exists.
+            let running = start(&target, kind, "panics-early", options, move |m| {
+                if *m.payload() == 1 {
+                    panic!("message 1 refused before a future was made");
+                }
+                h.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            })
+            .await;
+            running.send(1, SendOptions::default()).await;
+            running.send(2, SendOptions::default()).await;
+            let dead = take_one(
+                &**running.mq.transport(),
+                &format!("{}.dlq", running.queue()),
+                WAIT,
+            )
+            .await;
+            let reason = dead.properties.headers["x-acemq-error"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            assert!(
+                reason.contains("panicked") && reason.contains("message 1 refused"),
+                "{kind:?}: {reason}"
+            );
+            eventually(
+                WAIT,
+                &format!("{kind:?}: the consumer goes on to message 2"),
+                || async { (handled.load(Ordering::SeqCst) == 1).then_some(()) },
+            )
+            .await;
+            running.stop().await;
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idempotency_store_skips_a_duplicate_on_every_consumer_kind() {
     on_each_target(|target: Broker| async move {
         for kind in kinds(&target) {
