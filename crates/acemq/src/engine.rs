@@ -32,6 +32,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::FutureExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::envelope::{self, Envelope, origin_for};
@@ -175,11 +176,11 @@ impl Engine {
     /// fill theirs never hold it up. Returns the broker's confirmation so the caller can ack
     /// the original only when the copy was confirmed *and routed*. The caller sizes the
     /// copy first ([`Engine::fit`]).
-    pub(crate) async fn publish_on_behalf(
+    pub(crate) fn publish_on_behalf(
         &self,
         outbound: Outbound,
-    ) -> Result<Confirmation, TransportError> {
-        self.publish_move(outbound).await.0
+    ) -> impl Future<Output = Result<Confirmation, TransportError>> + Send + '_ {
+        self.publish_move(outbound).map(|(answer, _)| answer)
     }
 
     /// [`Engine::publish_on_behalf`] for a move whose original is acked only once its copy
@@ -188,33 +189,40 @@ impl Engine {
     /// own answer to wait for ([`TrackedConfirm::late`](crate::transport::TrackedConfirm)),
     /// holding its slot in the move window until it resolves. Publishing the copy again
     /// instead would make two copies when the first one lands too.
-    pub(crate) async fn publish_move(
+    ///
+    /// A plain function whose future holds the copy once (an `async fn` would hold its
+    /// argument beside the copy it hands on): a reply's publish stays within the
+    /// allocator's small-block cache.
+    pub(crate) fn publish_move(
         &self,
         mut outbound: Outbound,
-    ) -> (Result<Confirmation, TransportError>, Option<PendingConfirm>) {
+    ) -> impl Future<Output = (Result<Confirmation, TransportError>, Option<PendingConfirm>)> + Send + '_
+    {
         outbound.mandatory = true;
-        let Ok(permit) = self.moves.clone().acquire_owned().await else {
-            let closed = TransportError::Closed {
-                detail: "connection closed".into(),
+        async move {
+            let Ok(permit) = self.moves.clone().acquire_owned().await else {
+                let closed = TransportError::Closed {
+                    detail: "connection closed".into(),
+                };
+                return (Err(closed), None);
             };
-            return (Err(closed), None);
-        };
-        let tracked = match self.transport.publish_tracked(outbound).await {
-            Ok(tracked) => tracked,
-            Err(e) => return (Err(e), None),
-        };
-        let answer = tracked.answer.await;
-        let late = match (&answer, tracked.late) {
-            (Err(TransportError::ConfirmTimeout { .. }), Some(late)) => {
-                let late: PendingConfirm = Box::pin(async move {
-                    let _permit = permit;
-                    late.await
-                });
-                Some(late)
-            }
-            _ => None,
-        };
-        (answer, late)
+            let tracked = match self.transport.publish_tracked(outbound).await {
+                Ok(tracked) => tracked,
+                Err(e) => return (Err(e), None),
+            };
+            let answer = tracked.answer.await;
+            let late = match (&answer, tracked.late) {
+                (Err(TransportError::ConfirmTimeout { .. }), Some(late)) => {
+                    let late: PendingConfirm = Box::pin(async move {
+                        let _permit = permit;
+                        late.await
+                    });
+                    Some(late)
+                }
+                _ => None,
+            };
+            (answer, late)
+        }
     }
 
     /// A message published on a caller's behalf ([`Engine::publish_move`]: mandatory,

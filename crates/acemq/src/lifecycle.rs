@@ -208,13 +208,21 @@ impl Lifecycle {
         self.closed.load(Ordering::SeqCst)
     }
 
+    /// The pause gate's answer when it has one without waiting: closing, or not paused.
+    pub(crate) fn gate_now(&self, closing: &CancellationToken) -> Option<Gate> {
+        if closing.is_cancelled() {
+            Some(Gate::Closing)
+        } else if !*self.paused.borrow() {
+            Some(Gate::Pass)
+        } else {
+            None
+        }
+    }
+
     /// Waits at the pause gate while consuming is paused.
     pub(crate) async fn gate(&self, closing: &CancellationToken) -> Gate {
-        if closing.is_cancelled() {
-            return Gate::Closing;
-        }
-        if !*self.paused.borrow() {
-            return Gate::Pass;
+        if let Some(gate) = self.gate_now(closing) {
+            return gate;
         }
         self.held.fetch_add(1, Ordering::SeqCst);
         let mut paused = self.paused.subscribe();

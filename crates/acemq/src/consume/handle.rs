@@ -19,6 +19,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use futures::FutureExt;
+use futures::future::{self, Either};
 use tokio::sync::OwnedSemaphorePermit;
 use tracing::Instrument;
 
@@ -37,7 +38,7 @@ use crate::idempotency::{ClaimOutcome, IdempotencyStore, InHand, StoreError};
 use crate::intercept::{ConsumeContext, HandleInfo, HandleResult, HandlerFuture};
 use crate::lifecycle::{Gate, Lifecycle};
 use crate::observe::trace::{self, TraceContext};
-use crate::transport::Delivery;
+use crate::transport::{BoxFuture, Delivery};
 use crate::util::panic_text;
 
 /// Everything a consumer's tasks share: the one core under every consumer kind, which
@@ -62,7 +63,7 @@ impl<T, H, R> Ctx<T, H, R> {
 /// slot the delivery holds until it is settled or handed to a wait of its own.
 pub(crate) async fn handle<T, H, R>(
     ctx: Arc<Ctx<T, H, R>>,
-    d: Delivery,
+    mut d: Delivery,
     slot: Option<OwnedSemaphorePermit>,
     mut acks: Option<&mut AckRun>,
 ) -> Flow
@@ -72,9 +73,11 @@ where
     R: Rule,
 {
     let _slot = slot;
-    let read = Envelope::read(&d.properties, &d.routing_key);
-    let held = match ctx.rule.begin(&d, &read) {
-        Begin::Run => None,
+    // Shared from the start: a delivery's future holds a pointer, not the envelope (an
+    // `async fn` keeps a local it borrowed until its scope ends, moved or not).
+    let read = Arc::new(Envelope::read(&d.properties, &d.routing_key));
+    match ctx.rule.begin(&d, &read) {
+        Begin::Run => {}
         Begin::AckUnseen => {
             if let Err(e) = d.acker.ack().await {
                 tracing::debug!(queue = %ctx.settler.queue, error = %e, "ack not sent (the channel is gone)");
@@ -82,13 +85,10 @@ where
             return Flow::Next;
         }
         Begin::Stop(reason) => return Flow::Stop(Some(reason)),
-        Begin::Hold(reason) => Some(reason),
-    };
-    if let Some(reason) = held {
-        match ctx.rule.hold(&d, read.id(), &reason).await {
+        Begin::Hold(reason) => match ctx.rule.hold(&d, read.id(), &reason).await {
             Flow::Next => {}
             other => return other,
-        }
+        },
     }
     if !admit(&ctx, &d, acks.as_deref_mut()).await {
         return Flow::Next;
@@ -96,19 +96,18 @@ where
     let mut facts = Facts::of_delivery(&read, &d);
     // The broker's count belongs to this delivery, not to the copies settlement publishes
     // (they carry it in their attempt instead); a copy keeping it would count it twice.
-    let mut d = d;
     if d.properties.headers.contains_key(DELIVERY_COUNT) {
         Arc::make_mut(&mut d.properties)
             .headers
             .remove(DELIVERY_COUNT);
     }
     // The attempt copies carry counts the broker's unsettled returns (crashes) too.
-    let mut envelope = Arc::new(if facts.returned > 0 {
+    let mut envelope = if facts.returned > 0 {
         let spent = i32::try_from(facts.spent()).unwrap_or(i32::MAX);
-        read.with_attempt(spent)
+        Arc::new((*read).clone().with_attempt(spent))
     } else {
         read
-    });
+    };
     let (seen, trace_ctx) = observe(&ctx, &d, &envelope);
     let decision = loop {
         let decision = match ctx.rule.crash_loop(facts) {
@@ -117,12 +116,7 @@ where
                 dead
             }
             None => {
-                let outcome = match decode(&ctx, &d) {
-                    Err(reason) => Outcome::Undecodable(reason),
-                    Ok(payload) => {
-                        guarded_run(&ctx, &d, &envelope, payload, &seen, trace_ctx.clone()).await
-                    }
-                };
+                let outcome = guarded_run(&ctx, &d, &envelope, &seen, &trace_ctx).await;
                 ctx.rule.decide(&outcome, facts)
             }
         };
@@ -196,49 +190,59 @@ async fn closed_while_held<T, H, R: Rule>(
 
 /// Waits at the pause gate. `false` when the consumer is closing: the delivery was handed
 /// back with requeue. `true`: it is admitted and counted as in flight until [`release`].
+/// Only the open gate is on every delivery's path: a pause, a lost channel and a close are
+/// boxed, so every delivery's future is smaller for them.
 async fn admit<T, H, R: Rule>(
     ctx: &Ctx<T, H, R>,
     d: &Delivery,
     mut acks: Option<&mut AckRun>,
 ) -> bool {
-    let gate = ctx.lifecycle().gate(&ctx.settler.closing);
-    tokio::pin!(gate);
-    let gate = match (&mut gate).now_or_never() {
-        Some(g) => g,
-        None => {
-            // Paused: held acks must not wait for the resume.
-            if let Some(acks) = acks.as_deref_mut() {
-                ctx.settler.flush(acks).await;
-            }
-            ctx.settler.stats.held_at_gate(true);
-            let g = gate.await;
-            ctx.settler.stats.held_at_gate(false);
-            g
-        }
+    let gate = match ctx.lifecycle().gate_now(&ctx.settler.closing) {
+        Some(gate) => gate,
+        None => Box::pin(paused(ctx, acks.as_deref_mut())).await,
     };
+    if gate == Gate::Pass && d.acker.is_live() {
+        ctx.lifecycle().handler_started();
+        ctx.in_flight.fetch_add(1, Ordering::SeqCst);
+        ctx.settler.stats.delivery_started();
+        return true;
+    }
+    Box::pin(not_admitted(ctx, d, gate, acks)).await;
+    false
+}
+
+/// Waits at the gate while consuming is paused; held acks are sent first (they must not
+/// wait for the resume).
+async fn paused<T, H, R>(ctx: &Ctx<T, H, R>, acks: Option<&mut AckRun>) -> Gate {
+    if let Some(acks) = acks {
+        ctx.settler.flush(acks).await;
+    }
+    ctx.settler.stats.held_at_gate(true);
+    let gate = ctx.lifecycle().gate(&ctx.settler.closing).await;
+    ctx.settler.stats.held_at_gate(false);
+    gate
+}
+
+/// A delivery that does not run: its channel is gone, or the consumer is closing.
+async fn not_admitted<T, H, R: Rule>(
+    ctx: &Ctx<T, H, R>,
+    d: &Delivery,
+    gate: Gate,
+    acks: Option<&mut AckRun>,
+) {
+    if let Some(acks) = acks {
+        ctx.settler.flush(acks).await;
+    }
     if !d.acker.is_live() {
         // Its channel is gone (the connection was lost while it waited): the broker has
         // put it back already, and running the handler would only make a duplicate whose
         // outcome cannot be settled.
-        if let Some(acks) = acks {
-            ctx.settler.flush(acks).await;
-        }
         tracing::debug!(queue = %ctx.settler.queue, "skipping a delivery whose channel closed before it ran");
-        return false;
+        return;
     }
-    if gate == Gate::Closing {
-        if let Some(acks) = acks {
-            ctx.settler.flush(acks).await;
-        }
-        if ctx.rule.requeue_on_close() {
-            ctx.settler.hand_back(d).await;
-        }
-        return false;
+    if gate == Gate::Closing && ctx.rule.requeue_on_close() {
+        ctx.settler.hand_back(d).await;
     }
-    ctx.lifecycle().handler_started();
-    ctx.in_flight.fetch_add(1, Ordering::SeqCst);
-    ctx.settler.stats.delivery_started();
-    true
 }
 
 /// Opens the delivery's processing span (a child of the `traceparent` it carries) and its
@@ -287,20 +291,25 @@ fn decode<T: 'static, H, R>(ctx: &Ctx<T, H, R>, d: &Delivery) -> Result<T, Strin
         })
 }
 
-/// Runs the interceptors' `before_handle`, the idempotency claim and the handler (a panic
-/// is a failure like any error), then every `after_handle` in reverse order.
+/// Decodes the body (a body the codec cannot read is [`Outcome::Undecodable`], and no
+/// interceptor sees it), then runs the interceptors' `before_handle`, the idempotency claim
+/// and the handler (a panic is a failure like any error), then every `after_handle` in
+/// reverse order.
 async fn guarded_run<T, H, R>(
     ctx: &Ctx<T, H, R>,
     d: &Delivery,
     envelope: &Arc<Envelope>,
-    payload: T,
     seen: &Observed,
-    trace_ctx: TraceContext,
+    trace_ctx: &TraceContext,
 ) -> Outcome
 where
     T: Send + 'static,
     H: Handler<T>,
 {
+    let payload = match decode(ctx, d) {
+        Ok(payload) => payload,
+        Err(reason) => return Outcome::Undecodable(reason),
+    };
     let chain = ctx.settler.engine.interceptors.consume_chain();
     let layers = ctx.settler.engine.interceptors.layers();
     // The handler's headers are built here only when an interceptor or a layer reads them;
@@ -316,7 +325,11 @@ where
     let refused = chain.iter().find_map(|i| i.before_handle(&cx).err());
     let claim = match refused {
         Some(e) => Claim::Settle(Outcome::Failed(e)),
-        None => claim(ctx, envelope.id()).await,
+        None if ctx.idempotency.is_none() => Claim::Run(None),
+        // Boxed, as the claim's record below: only a consumer with a store claims, and the
+        // store's round trip dwarfs an allocation; every other delivery's future is
+        // smaller for it.
+        None => Box::pin(claim(ctx, envelope.id())).await,
     };
     let outcome = match claim {
         Claim::Settle(outcome) => outcome,
@@ -343,18 +356,23 @@ where
                 });
             let cause = Cause(envelope.clone());
             ctx.settler.stats.handler_running(true);
-            let outcome = cause::scope(
-                cause,
-                trace::scope(
-                    trace_ctx,
-                    run_handler(&ctx.handler, message, &layers, layered.as_ref()),
-                ),
-            )
-            .instrument(seen.span.clone())
-            .await;
+            // Boxed: the handler's run is sized by the application's handler, the
+            // delivery's future by the core alone (small enough for the allocator's
+            // per-thread cache when the handler is small, bounded when it is not).
+            let running: BoxFuture<'_, Outcome> = Box::pin(
+                cause::scope(
+                    cause,
+                    trace::scope(
+                        trace_ctx.clone(),
+                        run_handler(&ctx.handler, message, &layers, layered.as_ref()),
+                    ),
+                )
+                .instrument(seen.span.clone()),
+            );
+            let outcome = running.await;
             ctx.settler.stats.handler_running(false);
             if let Some(store) = &ctx.idempotency {
-                record_claim(ctx, &**store, envelope.id(), &outcome).await;
+                Box::pin(record_claim(ctx, &**store, envelope.id(), &outcome)).await;
             }
             drop(held);
             outcome
@@ -424,22 +442,25 @@ async fn claim<T, H, R>(ctx: &Ctx<T, H, R>, id: &str) -> Claim {
     }
 }
 
-/// Carries the decision out: into the ack run when there is one, at once otherwise.
-async fn settle<T, H, R>(
-    ctx: &Ctx<T, H, R>,
+/// Carries the decision out: into the ack run when there is one, at once otherwise. A
+/// plain function: the delivery's future holds the settlement's, not the delivery and the
+/// decision once more beside it.
+fn settle<'a, T, H, R>(
+    ctx: &'a Ctx<T, H, R>,
     d: Delivery,
-    envelope: &Envelope,
+    envelope: &'a Envelope,
     decision: Decision,
-    seen: &Observed,
-    acks: Option<&mut AckRun>,
-) -> bool {
+    seen: &'a Observed,
+    acks: Option<&'a mut AckRun>,
+) -> impl Future<Output = bool> + Send + 'a
+where
+    T: Send + 'static,
+    H: Handler<T>,
+    R: Rule,
+{
     match acks {
-        Some(acks) => {
-            ctx.settler
-                .settle_in_run(d, envelope, decision, seen, acks)
-                .await
-        }
-        None => ctx.settler.settle(d, envelope, decision, seen).await,
+        Some(acks) => Either::Left(ctx.settler.settle_in_run(d, envelope, decision, seen, acks)),
+        None => Either::Right(ctx.settler.settle(d, envelope, decision, seen)),
     }
 }
 
@@ -485,36 +506,47 @@ async fn record_claim<T, H, R>(
 /// Runs the handler inside the connection's handler layers (the first registered is
 /// outermost); a panic, in the handler or a layer, is a failure like any error, with the
 /// panic message as reason. `info` is there exactly when there are layers.
-async fn run_handler<T: Send + 'static, H: Handler<T>>(
-    handler: &Arc<H>,
+///
+/// The handler is called when the future is first polled (inside the delivery's cause and
+/// trace scopes), and a plain function rather than an `async fn`: the message is held
+/// until that call and the handler's future after it, in the same place, not both.
+fn run_handler<'a, T: Send + 'static, H: Handler<T>>(
+    handler: &'a Arc<H>,
     message: Message<T>,
-    layers: &[Arc<dyn crate::intercept::HandlerLayer>],
-    info: Option<&HandleInfo>,
-) -> Outcome {
-    let result = if let Some(info) = info {
-        // Called only when polled: a layer that answers by itself runs nothing of the
-        // handler, not even the synchronous part of its call.
-        let handler = handler.clone();
-        let inner: HandlerFuture = Box::pin(async move { handler.call(message).await });
-        let wrapped = layers
-            .iter()
-            .rev()
-            .fold(inner, |next, layer| layer.wrap(info, next));
-        AssertUnwindSafe(wrapped).catch_unwind().await
-    } else {
-        // A handler's `call` may run code of its own before it returns its future: a panic
-        // there is the handler's failure too, not the end of the consumer's loop.
-        match std::panic::catch_unwind(AssertUnwindSafe(|| handler.call(message))) {
-            Ok(call) => AssertUnwindSafe(call).catch_unwind().await,
-            Err(panic) => Err(panic),
+    layers: &'a [Arc<dyn crate::intercept::HandlerLayer>],
+    info: Option<&'a HandleInfo>,
+) -> impl Future<Output = Outcome> + Send + 'a {
+    future::lazy(move |_| {
+        // A handler's `call` (or a layer's `wrap`) may run code of its own before it
+        // returns its future: a panic there is the handler's failure too, not the end of
+        // the consumer's loop.
+        let called = std::panic::catch_unwind(AssertUnwindSafe(|| match info {
+            Some(info) => {
+                // A layer that answers by itself runs nothing of the handler, not even
+                // the synchronous part of its call: the innermost future calls it when
+                // polled.
+                let handler = handler.clone();
+                let inner: HandlerFuture = Box::pin(async move { handler.call(message).await });
+                let wrapped = layers
+                    .iter()
+                    .rev()
+                    .fold(inner, |next, layer| layer.wrap(info, next));
+                Either::Left(wrapped)
+            }
+            None => Either::Right(handler.call(message)),
+        }));
+        match called {
+            Ok(call) => Either::Left(AssertUnwindSafe(call).catch_unwind()),
+            Err(panic) => Either::Right(future::ready(Err(panic))),
         }
-    };
-    match result {
+    })
+    .flatten()
+    .map(|result| match result {
         Ok(Ok(())) => Outcome::Handled,
         Ok(Err(e)) => Outcome::Failed(e),
         Err(panic) => Outcome::Failed(HandlerError::retry(format!(
             "the handler panicked: {}",
             panic_text(&*panic)
         ))),
-    }
+    })
 }

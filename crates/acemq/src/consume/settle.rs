@@ -18,6 +18,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use futures::FutureExt;
+use futures::future::{self, Either};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -31,7 +33,7 @@ use crate::observe::metrics::{ConsumeMetrics, ConsumeOutcome};
 use crate::observe::trace;
 use crate::retry::Wait;
 use crate::topology::{dead_letter_queue, parked_queue, retry_queue};
-use crate::transport::{Confirmation, Delivery, Outbound, Settlement};
+use crate::transport::{BoxFuture, Confirmation, Delivery, Outbound, Settlement};
 
 /// Acks held back so that a contiguous run of deliveries whose handlers have finished with
 /// an ack is settled by one `multiple` ack. Used only by a consumer that runs one handler at
@@ -102,79 +104,118 @@ impl Settler {
     /// A decision that waits, or a move that did not land at once, goes on in a task of
     /// its own (`consume::moves`) and is recorded there when it ends: then this answers
     /// `true`, and that task owns the delivery's in-flight count from here on.
-    pub(crate) async fn settle(
-        &self,
+    ///
+    /// A plain function over [`Settler::step`]: an ack's future holds the delivery and the
+    /// ack being sent, nothing of the other decisions' paths.
+    pub(crate) fn settle<'a>(
+        &'a self,
         d: Delivery,
-        envelope: &Envelope,
+        envelope: &'a Envelope,
         decision: Decision,
-        seen: &Observed,
-    ) -> bool {
-        let now = |counter| Step::Done(Some(counter));
-        let step = match decision {
-            Decision::Ack => now(self.send(&d, ACK, Counter::Acked).await),
-            Decision::Release => now(self.send(&d, REQUEUE, Counter::Released).await),
-            Decision::Duplicate => now(self.send(&d, ACK, Counter::Duplicate).await),
+        seen: &'a Observed,
+    ) -> impl Future<Output = bool> + Send + 'a {
+        self.step(d, envelope, decision, seen)
+            .map(move |step| match step {
+                Step::Done(Some(counter)) => {
+                    self.record(
+                        counter,
+                        &seen.series,
+                        seen.started.elapsed(),
+                        Some(&seen.span),
+                    );
+                    false
+                }
+                Step::Done(None) => false,
+                Step::Later(job) => {
+                    self.spawn_later(*job, seen);
+                    true
+                }
+            })
+    }
+
+    /// What `decision` comes to now: a settlement sent, a move (boxed, as every move: the
+    /// path of a failure, its copy and its move, need not make the future of every
+    /// delivery, an ack's, kilobytes larger), or a wait handed on.
+    fn step<'a>(
+        &'a self,
+        d: Delivery,
+        envelope: &'a Envelope,
+        decision: Decision,
+        seen: &'a Observed,
+    ) -> impl Future<Output = Step> + Send + 'a {
+        let sent =
+            |d, settlement, counter| Either::Left(Either::Left(self.sent(d, settlement, counter)));
+        let now = |step| Either::Left(Either::Right(future::ready(step)));
+        match decision {
+            Decision::Ack => sent(d, ACK, Counter::Acked),
+            Decision::Release => sent(d, REQUEUE, Counter::Released),
+            Decision::Duplicate => sent(d, ACK, Counter::Duplicate),
+            Decision::Skip { reason } => {
+                tracing::warn!(queue = %self.queue, message_id = envelope.id(), %reason, "skipped without being handled");
+                sent(d, ACK, Counter::Skipped)
+            }
             Decision::InProgress(delay) | Decision::StoreUnavailable(delay) => {
                 let counter = match decision {
                     Decision::StoreUnavailable(_) => Counter::StoreUnavailable,
                     _ => Counter::InProgress,
                 };
                 let copy = self.engine.copy_with(&d, &self.queue, envelope);
-                Step::Later(Box::new(Later {
+                now(Step::Later(Box::new(Later {
                     d,
                     wait: Some(delay),
                     copy,
                     counter,
                     failed: None,
-                }))
+                })))
             }
-            Decision::Park { reason } => {
-                let mut copy = copy_as_delivered(&d, &parked_queue(&self.queue));
-                copy.properties
-                    .headers
-                    .insert(envelope::ERROR.into(), HeaderValue::Str(reason));
-                copy.properties.expiration = None;
-                // Boxed, as every move: the path of a failure need not make the future of
-                // every delivery (an ack's) kilobytes larger.
-                Box::pin(self.move_now(d, copy, Counter::Parked, seen)).await
-            }
+            Decision::Park { reason } => Either::Right(self.park(d, reason, seen)),
             Decision::DeadLetter { reason, kind } => {
-                let target = dead_letter_queue(&self.queue);
-                let dead = envelope.clone().with_error(Some(reason));
-                let mut copy = self.engine.copy_with(&d, &target, &dead);
-                copy.properties.expiration = None;
-                let counter = match kind {
-                    DeadLetterKind::Unprocessable => Counter::Rejected,
-                    DeadLetterKind::Exhausted | DeadLetterKind::Requested => Counter::DeadLettered,
-                };
-                Box::pin(self.move_now(d, copy, counter, seen)).await
+                Either::Right(self.dead_letter(d, envelope, reason, kind, seen))
             }
-            Decision::Retry(wait) => Box::pin(self.retry(d, envelope, wait)).await,
-            Decision::Skip { reason } => {
-                tracing::warn!(queue = %self.queue, message_id = envelope.id(), %reason, "skipped without being handled");
-                now(self.send(&d, ACK, Counter::Skipped).await)
+            Decision::Retry(wait) => {
+                let retrying: BoxFuture<'a, Step> = Box::pin(self.retry(d, envelope, wait));
+                Either::Right(retrying)
             }
             // Left unsettled: the consumer stops, and the channel's close gives it back.
-            Decision::Stop { .. } => Step::Done(None),
+            Decision::Stop { .. } => now(Step::Done(None)),
             // Carried out in the delivery path itself, never handed here.
-            Decision::Again { .. } | Decision::Hold { .. } => Step::Done(None),
-        };
-        match step {
-            Step::Done(Some(counter)) => {
-                self.record(
-                    counter,
-                    &seen.series,
-                    seen.started.elapsed(),
-                    Some(&seen.span),
-                );
-                false
-            }
-            Step::Done(None) => false,
-            Step::Later(job) => {
-                self.spawn_later(*job, seen);
-                true
-            }
+            Decision::Again { .. } | Decision::Hold { .. } => now(Step::Done(None)),
         }
+    }
+
+    /// Sends a settlement of `d`, as a step.
+    async fn sent(&self, d: Delivery, settlement: Settlement, counter: Counter) -> Step {
+        Step::Done(Some(self.send(&d, settlement, counter).await))
+    }
+
+    /// Moves `d` to the consumer's `.parked` queue with `reason`, as delivered.
+    fn park<'a>(&'a self, d: Delivery, reason: String, seen: &'a Observed) -> BoxFuture<'a, Step> {
+        let mut copy = copy_as_delivered(&d, &parked_queue(&self.queue));
+        copy.properties
+            .headers
+            .insert(envelope::ERROR.into(), HeaderValue::Str(reason));
+        copy.properties.expiration = None;
+        Box::pin(self.move_now(d, copy, Counter::Parked, seen))
+    }
+
+    /// Moves `d` to the consumer's `.dlq` with `reason` in its envelope.
+    fn dead_letter<'a>(
+        &'a self,
+        d: Delivery,
+        envelope: &Envelope,
+        reason: String,
+        kind: DeadLetterKind,
+        seen: &'a Observed,
+    ) -> BoxFuture<'a, Step> {
+        let target = dead_letter_queue(&self.queue);
+        let dead = envelope.clone().with_error(Some(reason));
+        let mut copy = self.engine.copy_with(&d, &target, &dead);
+        copy.properties.expiration = None;
+        let counter = match kind {
+            DeadLetterKind::Unprocessable => Counter::Rejected,
+            DeadLetterKind::Exhausted | DeadLetterKind::Requested => Counter::DeadLettered,
+        };
+        Box::pin(self.move_now(d, copy, counter, seen))
     }
 
     /// Counts one settled delivery and, when its counter is a consume outcome, records it
@@ -197,32 +238,38 @@ impl Settler {
 
     /// Like [`Settler::settle`], except that an ack joins `run` instead of being sent (it
     /// is counted once the run is sent); any other decision sends the run first.
-    pub(crate) async fn settle_in_run(
-        &self,
+    pub(crate) fn settle_in_run<'a>(
+        &'a self,
         d: Delivery,
-        envelope: &Envelope,
+        envelope: &'a Envelope,
         decision: Decision,
-        seen: &Observed,
-        run: &mut AckRun,
-    ) -> bool {
+        seen: &'a Observed,
+        run: &'a mut AckRun,
+    ) -> impl Future<Output = bool> + Send + 'a {
         if decision != Decision::Ack || self.moves.waiting.load(Ordering::SeqCst) > 0 {
             // Not an ack, or a delivery is out waiting (unacked, with a lower tag): send the
-            // run, then this one on its own.
-            self.flush(run).await;
-            return self.settle(d, envelope, decision, seen).await;
+            // run, then this one on its own (boxed: an ack joining the run is the path
+            // every delivery's future is sized for).
+            let settling: BoxFuture<'a, bool> = Box::pin(async move {
+                self.flush(run).await;
+                self.settle(d, envelope, decision, seen).await
+            });
+            return Either::Left(settling);
         }
-        if run
-            .last
-            .as_ref()
-            .is_some_and(|prev| prev.delivery_tag >= d.delivery_tag)
-        {
-            // Not after the run (cannot happen on one channel in order): keep it exact.
-            self.flush(run).await;
-        }
-        trace::record_consume_outcome(&seen.span, ConsumeOutcome::Acked);
-        run.held.push((seen.series.clone(), seen.started.elapsed()));
-        run.last = Some(d);
-        false
+        Either::Right(async move {
+            if run
+                .last
+                .as_ref()
+                .is_some_and(|prev| prev.delivery_tag >= d.delivery_tag)
+            {
+                // Not after the run (cannot happen on one channel in order): keep it exact.
+                Box::pin(self.flush(run)).await;
+            }
+            trace::record_consume_outcome(&seen.span, ConsumeOutcome::Acked);
+            run.held.push((seen.series.clone(), seen.started.elapsed()));
+            run.last = Some(d);
+            false
+        })
     }
 
     /// Sends the run as one ack (`multiple` when it holds more than one delivery) and

@@ -13,7 +13,7 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Instant;
 
-use futures::future::BoxFuture;
+use futures::future::{self, BoxFuture, Either};
 use futures::{FutureExt, TryFutureExt};
 use tokio::sync::OwnedSemaphorePermit;
 
@@ -262,19 +262,33 @@ impl<T: ?Sized + 'static> Publisher<T> {
         Ok((outbound, span))
     }
 
-    async fn start(
+    /// Takes a slot in the confirm window (`permit`, or a free one now) and hands the
+    /// message to the transport. A plain function: with a slot at hand the hand-over starts
+    /// now and the future holds only the transport's; the wait for a slot when the window is
+    /// full is boxed, so a publish that finds one does not carry it (nor a second copy of
+    /// the message).
+    fn start(
         &self,
         outbound: Outbound,
         permit: Option<OwnedSemaphorePermit>,
-    ) -> Result<InFlight, Error> {
+    ) -> impl Future<Output = Result<InFlight, Error>> + Send + '_ {
         if self.engine.publishing_paused() {
-            return Err(Error::PublishingPaused);
+            return Either::Left(future::ready(Err(Error::PublishingPaused)));
         }
-        let permit = match permit {
-            Some(p) => p,
-            None => self.engine.acquire().await?,
-        };
-        start_publish(&self.engine, outbound, permit).await
+        // A free slot is only there when nobody waits for one (the semaphore gives a
+        // returned slot to its oldest waiter first), so this keeps the window's order.
+        match permit.or_else(|| self.engine.try_acquire()) {
+            Some(permit) => {
+                Either::Right(Either::Left(start_publish(&self.engine, outbound, permit)))
+            }
+            None => {
+                let waiting: BoxFuture<'_, Result<InFlight, Error>> = Box::pin(async move {
+                    let permit = self.engine.acquire().await?;
+                    start_publish(&self.engine, outbound, permit).await
+                });
+                Either::Right(Either::Right(waiting))
+            }
+        }
     }
 }
 

@@ -10,6 +10,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use futures::FutureExt;
+use futures::future::{self, Either};
 use tracing::Instrument;
 
 use super::simple_type_name;
@@ -27,7 +29,7 @@ use crate::observe::metrics::PublishOutcome;
 use crate::observe::trace::{self, TraceContext};
 use crate::publish::{SendOptions, prepare};
 use crate::retry::RetryPolicy;
-use crate::transport::{Confirmation, Outbound, TransportError};
+use crate::transport::{BoxFuture, Confirmation, Outbound, TransportError};
 
 /// Counts of a responder's requests so far.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -122,22 +124,15 @@ where
     H: Handler<Req, Resp>,
 {
     let counts = Arc::new(Counts::default());
-    let handler = Arc::new(handler);
     let codec = Arc::new(codec);
-    let policy = Arc::new(options.retry_policy().cloned());
-    let wrapper = {
-        let (engine, counts, codec) = (engine.clone(), counts.clone(), codec.clone());
-        move |m: Message<Req>| {
-            answer(
-                engine.clone(),
-                counts.clone(),
-                codec.clone(),
-                handler.clone(),
-                policy.clone(),
-                m,
-            )
-        }
-    };
+    let answering = Arc::new(Answering {
+        engine: engine.clone(),
+        counts: counts.clone(),
+        codec: codec.clone(),
+        handler,
+        policy: options.retry_policy().cloned(),
+    });
+    let wrapper = move |m: Message<Req>| answer(answering.clone(), m);
     let consumer = crate::consume::start(engine, queue, codec, options, wrapper).await?;
     Ok(Responder { consumer, counts })
 }
@@ -154,16 +149,26 @@ fn is_final(e: &HandlerError, policy: Option<&RetryPolicy>, retried: bool) -> bo
     }
 }
 
-/// One request: reply address, handler, reply (or fault reply).
-async fn answer<Req, Resp, C, H>(
+/// What every request of one responder shares.
+struct Answering<C, H> {
     engine: Arc<Engine>,
     counts: Arc<Counts>,
     codec: Arc<C>,
-    handler: Arc<H>,
-    policy: Arc<Option<RetryPolicy>>,
+    handler: H,
+    policy: Option<RetryPolicy>,
+}
+
+/// One request: reply address, handler, reply (or fault reply).
+///
+/// A plain function: the application's handler is called now (inside the consumer's
+/// guarded run, which catches a panic of the call itself), so the future returned holds
+/// the handler's future and the request's envelope, not the message a second time.
+fn answer<Req, Resp, C, H>(
+    answering: Arc<Answering<C, H>>,
     m: Message<Req>,
-) -> Result<(), HandlerError>
+) -> impl Future<Output = Result<(), HandlerError>> + Send + 'static
 where
+    Resp: Send + 'static,
     C: Encoder<Resp>,
     H: Handler<Req, Resp>,
 {
@@ -171,64 +176,81 @@ where
     // it after the handler took the message, without a copy of each.
     let asked = m.envelope.clone();
     // Header first, property second: Envelope::read does it in that order.
-    let Some(reply_to) = asked.reply_to() else {
-        counts.unanswerable.fetch_add(1, Ordering::Relaxed);
+    if asked.reply_to().is_none() {
+        answering
+            .counts
+            .unanswerable
+            .fetch_add(1, Ordering::Relaxed);
         tracing::warn!(queue = %m.queue(), id = %asked.id(), "a request without a reply address (neither acemq-reply-to nor reply_to): acked, not handled, no reply");
-        return Ok(());
-    };
-    let request_id = asked.id();
-    let correlation_id = asked.correlation_id();
-    let policy = Option::as_ref(&policy);
-    let retried = retried_under(policy, &asked);
-    let answer = match handler.call(m).await {
-        Ok(answer) => answer,
-        Err(e) if is_final(&e, policy, retried) => {
-            let request = Request {
-                reply_to,
-                correlation_id,
-                request_id,
-            };
-            // Boxed: a failure's path need not make every request's future larger.
-            return Box::pin(fault(&engine, &counts, request, e, policy.is_none())).await;
+        return Either::Left(future::ready(Ok(())));
+    }
+    let retried = retried_under(answering.policy.as_ref(), &asked);
+    let call = answering.handler.call(m);
+    Either::Right(async move {
+        let a = &*answering;
+        let reply_to = asked.reply_to().unwrap_or_default();
+        let request = Request {
+            reply_to,
+            correlation_id: asked.correlation_id(),
+            request_id: asked.id(),
+        };
+        let sending = match call.await {
+            Ok(answer) => reply(a, &request, answer),
+            Err(e) if is_final(&e, a.policy.as_ref(), retried) => {
+                // Boxed: a failure's path need not make every request's future larger.
+                let no_policy = a.policy.is_none();
+                return Box::pin(fault(&a.engine, &a.counts, request, e, no_policy)).await;
+            }
+            Err(e) => return Err(e),
+        };
+        let sent = match sending {
+            Ok(publishing) => publishing.await,
+            Err(e) => Err(e),
+        };
+        match sent {
+            Ok(Confirmation::Routed) => Ok(()),
+            Ok(Confirmation::Unroutable { reply_text, .. }) => {
+                a.counts.answered.fetch_sub(1, Ordering::Relaxed);
+                a.counts.undeliverable.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(%reply_to, request = %request.request_id, %reply_text, "the reply queue is gone (its requester closed or expired); request acked, reply dropped");
+                Ok(())
+            }
+            Ok(Confirmation::Nacked) => {
+                a.counts.answered.fetch_sub(1, Ordering::Relaxed);
+                Err(HandlerError::retry(format!(
+                    "the broker nacked the reply to {reply_to}"
+                )))
+            }
+            Err(e) => {
+                a.counts.answered.fetch_sub(1, Ordering::Relaxed);
+                Err(HandlerError::retry(format!(
+                    "the reply to {reply_to} could not be published: {e}"
+                )))
+            }
         }
-        Err(e) => return Err(e),
-    };
-    // Counted before the publish (a requester may see the reply before this returns),
-    // given back when it fails.
-    counts.answered.fetch_add(1, Ordering::Relaxed);
-    let reply = build_reply(
-        &engine,
-        &*codec,
-        reply_to,
-        correlation_id.to_owned(),
-        request_id,
+    })
+}
+
+/// Builds the reply to `request` and starts its publish, counted as answered before the
+/// publish (a requester may see the reply before it returns; given back when it fails).
+/// The publish is boxed, so a request's future does not carry the reply's.
+fn reply<'a, Resp, C: Encoder<Resp>, H>(
+    a: &'a Answering<C, H>,
+    request: &Request<'_>,
+    answer: Resp,
+) -> Result<BoxFuture<'a, Result<Confirmation, ReplyError>>, ReplyError> {
+    a.counts.answered.fetch_add(1, Ordering::Relaxed);
+    let built = build_reply(
+        &a.engine,
+        &*a.codec,
+        request.reply_to,
+        request.correlation_id.to_owned(),
+        request.request_id,
         &answer,
     );
-    drop(answer);
-    let sent = match reply {
-        Ok(reply) => Box::pin(publish_reply(&engine, reply)).await,
+    match built {
+        Ok(reply) => Ok(Box::pin(publish_reply(&a.engine, reply))),
         Err(e) => Err(e.into()),
-    };
-    match sent {
-        Ok(Confirmation::Routed) => Ok(()),
-        Ok(Confirmation::Unroutable { reply_text, .. }) => {
-            counts.answered.fetch_sub(1, Ordering::Relaxed);
-            counts.undeliverable.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(%reply_to, request = %request_id, %reply_text, "the reply queue is gone (its requester closed or expired); request acked, reply dropped");
-            Ok(())
-        }
-        Ok(Confirmation::Nacked) => {
-            counts.answered.fetch_sub(1, Ordering::Relaxed);
-            Err(HandlerError::retry(format!(
-                "the broker nacked the reply to {reply_to}"
-            )))
-        }
-        Err(e) => {
-            counts.answered.fetch_sub(1, Ordering::Relaxed);
-            Err(HandlerError::retry(format!(
-                "the reply to {reply_to} could not be published: {e}"
-            )))
-        }
     }
 }
 
@@ -337,15 +359,24 @@ fn build_reply<Resp, C: Encoder<Resp>>(
 }
 
 /// Publishes a reply mandatory and confirmed, as a publish made on the requester's behalf
-/// (never refused by a publishing pause).
-async fn publish_reply(engine: &Engine, reply: Reply) -> Result<Confirmation, ReplyError> {
+/// (never refused by a publishing pause). A plain function: its future holds the reply
+/// once, in the engine's move, not once more per layer.
+fn publish_reply(
+    engine: &Engine,
+    reply: Reply,
+) -> impl Future<Output = Result<Confirmation, ReplyError>> + Send + '_ {
     let Reply { out, span } = reply;
-    let sent = engine.publish_on_behalf(out).instrument(span.clone()).await;
-    let outcome = match &sent {
-        Ok(Confirmation::Routed) => PublishOutcome::Confirmed,
-        Ok(Confirmation::Unroutable { .. }) => PublishOutcome::Unroutable,
-        _ => PublishOutcome::Failed,
-    };
-    trace::record_publish_outcome(&span, outcome);
-    Ok(sent?)
+    let recorded = span.clone();
+    engine
+        .publish_on_behalf(out)
+        .instrument(span)
+        .map(move |sent| {
+            let outcome = match &sent {
+                Ok(Confirmation::Routed) => PublishOutcome::Confirmed,
+                Ok(Confirmation::Unroutable { .. }) => PublishOutcome::Unroutable,
+                _ => PublishOutcome::Failed,
+            };
+            trace::record_publish_outcome(&recorded, outcome);
+            Ok(sent?)
+        })
 }
