@@ -156,19 +156,19 @@ impl Requester {
     /// [`RequestError::Failed`] (the responder's handler failed and said why),
     /// [`RequestError::Publish`], [`RequestError::Reply`] (the reply does not decode),
     /// [`RequestError::Closed`].
-    pub async fn request<Req, Resp>(
+    pub fn request<Req, Resp>(
         &self,
         exchange: &str,
         routing_key: &str,
         request: &Req,
         timeout: Duration,
-    ) -> Result<Resp, RequestError>
+    ) -> impl Future<Output = Result<Resp, RequestError>>
     where
         Req: Serialize + ?Sized + 'static,
         Resp: DeserializeOwned,
     {
+        // A plain function: the future is `request_with`'s, without a copy of the arguments.
         self.request_with(exchange, routing_key, Json, request, timeout)
-            .await
     }
 
     /// [`Requester::request`] with another codec: `request` is encoded with `codec` (its
@@ -210,49 +210,63 @@ impl Requester {
     {
         let started = Instant::now();
         let shared = &self.inner.shared;
-        let engine = &shared.engine;
         let id = uuid::Uuid::new_v4();
-        let correlation_id = crate::envelope::id_text(id);
-        let message_type = simple_type_name::<Req>("Request");
         let destination = if exchange.is_empty() {
             routing_key
         } else {
             exchange
         };
-        let (ctx, parent) = TraceContext::for_publish();
-        let span = request_span(
-            destination,
-            routing_key,
-            &correlation_id,
-            message_type,
-            &ctx,
-            parent.as_ref(),
-        );
-        let mut slot = shared.register(id).ok_or(RequestError::Closed)?;
         let codec = Arc::new(codec);
-        let transport = crate::observe::transport_name(engine.transport.kind());
-        let metrics = self
-            .inner
-            .metrics
-            .get(transport, exchange, routing_key, message_type);
-        let publisher: Publisher<Req> = Publisher::with_metrics(
-            engine.clone(),
-            exchange.into(),
-            routing_key.into(),
-            codec.clone(),
-            metrics.publish.clone(),
-        );
-        let mut options = SendOptions::new()
-            .correlation_id(correlation_id)
-            .reply_to(shared.queue())
-            .message_type(message_type);
-        if timeout >= Duration::from_millis(1) {
-            options = options.expiration(timeout);
-        }
+        // Built in a block, so what only the building needs (the publisher, its options,
+        // the correlation id's text) is gone before the wait: a request's future holds the
+        // send's future, its span and trace context, and its slot.
+        let (ctx, span, metrics, mut slot, sending) = {
+            let engine = &shared.engine;
+            let correlation_id = crate::envelope::id_text(id);
+            let message_type = simple_type_name::<Req>("Request");
+            let (ctx, parent) = TraceContext::for_publish();
+            let span = request_span(
+                destination,
+                routing_key,
+                &correlation_id,
+                message_type,
+                &ctx,
+                parent.as_ref(),
+            );
+            let slot = shared.register(id).ok_or(RequestError::Closed)?;
+            let transport = crate::observe::transport_name(engine.transport.kind());
+            let metrics = self
+                .inner
+                .metrics
+                .get(transport, exchange, routing_key, message_type);
+            let publisher: Publisher<Req> = Publisher::with_metrics(
+                engine.clone(),
+                exchange.into(),
+                routing_key.into(),
+                codec.clone(),
+                metrics.publish.clone(),
+            );
+            let mut options = SendOptions::new()
+                .correlation_id(correlation_id)
+                .reply_to(shared.queue())
+                .message_type(message_type);
+            if timeout >= Duration::from_millis(1) {
+                options = options.expiration(timeout);
+            }
+            // In the request's span and trace context: the publish span is their child.
+            let sending = span.in_scope(|| {
+                trace::sync_scope(ctx.clone(), || publisher.into_sending(request, options))
+            });
+            (ctx, span, metrics, slot, sending)
+        };
+        let mut sending = match sending {
+            Ok(sending) => sending,
+            Err(e) => {
+                trace::record_outcome(&span, "failed", true);
+                return Err(RequestError::Publish(e));
+            }
+        };
         let exchange_and_wait = async {
-            let mut sending = publisher
-                .into_sending(request, options)
-                .map_err(RequestError::Publish)?;
             // A reply proves the request arrived, so it is not kept waiting for the request's
             // confirm: RabbitMQ confirms a persistent message once it is on disk or acked, and
             // the responder acks only after its reply was confirmed, which waits for this
