@@ -143,16 +143,16 @@ impl Settler {
         decision: Decision,
         seen: &'a Observed,
     ) -> impl Future<Output = Step> + Send + 'a {
-        let sent =
+        let sending =
             |d, settlement, counter| Either::Left(Either::Left(self.sent(d, settlement, counter)));
         let now = |step| Either::Left(Either::Right(future::ready(step)));
         match decision {
-            Decision::Ack => sent(d, ACK, Counter::Acked),
-            Decision::Release => sent(d, REQUEUE, Counter::Released),
-            Decision::Duplicate => sent(d, ACK, Counter::Duplicate),
+            Decision::Ack => sending(d, ACK, Counter::Acked),
+            Decision::Release => sending(d, REQUEUE, Counter::Released),
+            Decision::Duplicate => sending(d, ACK, Counter::Duplicate),
             Decision::Skip { reason } => {
                 tracing::warn!(queue = %self.queue, message_id = envelope.id(), %reason, "skipped without being handled");
-                sent(d, ACK, Counter::Skipped)
+                sending(d, ACK, Counter::Skipped)
             }
             Decision::InProgress(delay) | Decision::StoreUnavailable(delay) => {
                 let counter = match decision {
