@@ -89,6 +89,16 @@ impl Running {
         }
     }
 
+    /// Takes the next message from the consumed queue's `.dlq`: its `x-acemq-error`.
+    async fn dead_letter_reason(&self) -> String {
+        let dlq = format!("{}.dlq", self.queue());
+        let dead = take_one(&**self.mq.transport(), &dlq, WAIT).await;
+        dead.properties.headers["x-acemq-error"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    }
+
     async fn stop(self) {
         (self.close)().await;
         let t = self.mq.transport().clone();
@@ -349,16 +359,7 @@ async fn a_layer_can_answer_without_running_the_handler() {
             running
                 .send(2, SendOptions::default().header("x-tenant", "acme"))
                 .await;
-            let dead = take_one(
-                &**running.mq.transport(),
-                &format!("{}.dlq", running.queue()),
-                WAIT,
-            )
-            .await;
-            let reason = dead.properties.headers["x-acemq-error"]
-                .as_str()
-                .unwrap_or_default()
-                .to_owned();
+            let reason = running.dead_letter_reason().await;
             assert!(reason.contains("no tenant"), "{kind:?}: {reason}");
             eventually(
                 WAIT,
@@ -392,16 +393,7 @@ async fn a_handler_that_panics_before_returning_its_future_fails_only_that_messa
             .await;
             running.send(1, SendOptions::default()).await;
             running.send(2, SendOptions::default()).await;
-            let dead = take_one(
-                &**running.mq.transport(),
-                &format!("{}.dlq", running.queue()),
-                WAIT,
-            )
-            .await;
-            let reason = dead.properties.headers["x-acemq-error"]
-                .as_str()
-                .unwrap_or_default()
-                .to_owned();
+            let reason = running.dead_letter_reason().await;
             assert!(
                 reason.contains("panicked") && reason.contains("message 1 refused"),
                 "{kind:?}: {reason}"
