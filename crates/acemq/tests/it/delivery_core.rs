@@ -261,6 +261,14 @@ where
     }
 }
 
+/// Waits until `handled` has counted exactly one handled message.
+async fn handled_once(handled: &AtomicU32, what: &str) {
+    eventually(WAIT, what, || async {
+        (handled.load(Ordering::SeqCst) == 1).then_some(())
+    })
+    .await;
+}
+
 #[derive(Default)]
 struct Counting {
     before: AtomicU32,
@@ -361,12 +369,7 @@ async fn a_layer_can_answer_without_running_the_handler() {
                 .await;
             let reason = running.dead_letter_reason().await;
             assert!(reason.contains("no tenant"), "{kind:?}: {reason}");
-            eventually(
-                WAIT,
-                &format!("{kind:?}: the tenant's message handled"),
-                || async { (handled.load(Ordering::SeqCst) == 1).then_some(()) },
-            )
-            .await;
+            handled_once(&handled, &format!("{kind:?}: the tenant's message handled")).await;
             running.stop().await;
         }
     })
@@ -398,10 +401,9 @@ async fn a_handler_that_panics_before_returning_its_future_fails_only_that_messa
                 reason.contains("panicked") && reason.contains("message 1 refused"),
                 "{kind:?}: {reason}"
             );
-            eventually(
-                WAIT,
+            handled_once(
+                &handled,
                 &format!("{kind:?}: the consumer goes on to message 2"),
-                || async { (handled.load(Ordering::SeqCst) == 1).then_some(()) },
             )
             .await;
             running.stop().await;
@@ -759,10 +761,7 @@ async fn a_body_the_decoder_does_not_accept_is_parked_without_decoding() {
             reason.contains("\"application/json\" is not CSV"),
             "{reason}"
         );
-        eventually(WAIT, "the CSV one handled", || async {
-            (handled.load(Ordering::SeqCst) == 1).then_some(())
-        })
-        .await;
+        handled_once(&handled, "the CSV one handled").await;
         assert_eq!(
             decodes.load(Ordering::SeqCst),
             1,
