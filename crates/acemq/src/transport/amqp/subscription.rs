@@ -17,13 +17,14 @@
 //!   handle): unsettled deliveries go back to the queue and their settlements fail with
 //!   [`TransportError::AckNotSent`].
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures::StreamExt;
 use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicNackOptions, BasicRejectOptions};
-use lapin::types::ShortString;
+use lapin::types::{DeliveryTag, ShortString};
 use lapin::{Channel, Consumer};
 use tokio::sync::watch;
 use tracing::debug;
@@ -68,34 +69,64 @@ impl Generation {
     }
 }
 
-/// Settles one delivery through lapin's acker (bound to the channel it arrived on).
-/// The channel's status and the generation tell whether a settlement can still be sent
-/// (the channel status is `None` for `basic.get` deliveries, whose channel the transport
-/// replaces as needed).
-struct LapinAcker(lapin::Acker, Option<lapin::ChannelStatus>, Generation);
+/// Settles one delivery. The channel's status (`None` for `basic.get` deliveries, whose
+/// channel the transport replaces as needed) and the generation tell whether a settlement
+/// can still be sent.
+struct LapinAcker {
+    via: Via,
+    status: Option<lapin::ChannelStatus>,
+    generation: Generation,
+    /// Set by the first settlement sent: a second is not sent (lapin's `Acker` answers it
+    /// `Ok(false)`; a second `basic.ack` of one tag would make the broker close the channel).
+    used: AtomicBool,
+}
+
+/// Where a settlement is sent.
+#[derive(Clone)]
+enum Via {
+    /// A subscription's delivery, settled with its channel's own `basic.ack` / `nack` /
+    /// `reject`. lapin's `Acker` would hand each settlement to the connection's internal
+    /// task, which spawns a task per settlement to send it; the channel's method queues the
+    /// frame at once. The channel is held weakly: once the subscription is dropped (which
+    /// closes the channel) a settlement is not sent, as with a poisoned `Acker`.
+    Channel(Weak<Channel>, DeliveryTag),
+    /// A `basic.get` delivery: lapin's acker.
+    Acker(lapin::Acker),
+}
 
 impl AckHandle for LapinAcker {
     fn is_live(&self) -> bool {
-        self.2.is_current() && self.1.as_ref().is_none_or(lapin::ChannelStatus::connected)
+        self.generation.is_current()
+            && self
+                .status
+                .as_ref()
+                .is_none_or(lapin::ChannelStatus::connected)
     }
 
     fn settle(&self, settlement: Settlement) -> BoxFuture<'static, Result<(), TransportError>> {
-        let acker = self.0.clone();
-        let generation = self.2.clone();
-        let live = self.is_live();
+        if !self.is_live() || self.used.swap(true, Ordering::AcqRel) {
+            return Box::pin(std::future::ready(Err(TransportError::AckNotSent)));
+        }
+        let via = self.via.clone();
+        let generation = self.generation.clone();
         Box::pin(async move {
-            if !live {
-                return Err(TransportError::AckNotSent);
-            }
             let send = async {
-                match settlement {
-                    Settlement::Ack { multiple } => acker.ack(BasicAckOptions { multiple }).await,
-                    Settlement::Nack { multiple, requeue } => {
-                        acker.nack(BasicNackOptions { multiple, requeue }).await
-                    }
-                    Settlement::Reject { requeue } => {
-                        acker.reject(BasicRejectOptions { requeue }).await
-                    }
+                match via {
+                    Via::Channel(channel, tag) => match channel.upgrade() {
+                        Some(channel) => send_on(&channel, tag, settlement).await.map(|()| true),
+                        None => Ok(false),
+                    },
+                    Via::Acker(acker) => match settlement {
+                        Settlement::Ack { multiple } => {
+                            acker.ack(BasicAckOptions { multiple }).await
+                        }
+                        Settlement::Nack { multiple, requeue } => {
+                            acker.nack(BasicNackOptions { multiple, requeue }).await
+                        }
+                        Settlement::Reject { requeue } => {
+                            acker.reject(BasicRejectOptions { requeue }).await
+                        }
+                    },
                 }
             };
             let sent = tokio::select! {
@@ -122,17 +153,42 @@ impl AckHandle for LapinAcker {
     }
 }
 
+/// A settlement sent with `channel`'s own method (answered once its frame is written).
+async fn send_on(channel: &Channel, tag: DeliveryTag, settlement: Settlement) -> lapin::Result<()> {
+    match settlement {
+        Settlement::Ack { multiple } => channel.basic_ack(tag, BasicAckOptions { multiple }).await,
+        Settlement::Nack { multiple, requeue } => {
+            channel
+                .basic_nack(tag, BasicNackOptions { multiple, requeue })
+                .await
+        }
+        Settlement::Reject { requeue } => {
+            channel
+                .basic_reject(tag, BasicRejectOptions { requeue })
+                .await
+        }
+    }
+}
+
 /// A lapin delivery as a transport [`Delivery`] (the body is moved, not copied).
 pub(crate) fn delivery(d: lapin::message::Delivery, generation: Generation) -> Delivery {
     on_channel(d, None, generation)
 }
 
-/// A delivery of a subscription's channel: its acker knows when that channel is gone.
+/// A delivery of a subscription's channel: settled on that channel, and its acker knows
+/// when the channel is gone.
 fn on_channel(
     d: lapin::message::Delivery,
-    channel: Option<lapin::ChannelStatus>,
+    channel: Option<&Arc<Channel>>,
     generation: Generation,
 ) -> Delivery {
+    let (via, status) = match channel {
+        Some(c) => (
+            Via::Channel(Arc::downgrade(c), d.delivery_tag),
+            Some(c.status().clone()),
+        ),
+        None => (Via::Acker(d.acker), None),
+    };
     Delivery {
         delivery_tag: d.delivery_tag,
         properties: Arc::new(convert::from_basic(&d.properties)),
@@ -140,7 +196,12 @@ fn on_channel(
         routing_key: d.routing_key.into(),
         redelivered: d.redelivered,
         body: Bytes::from(d.data),
-        acker: Acker::new(LapinAcker(d.acker, channel, generation)),
+        acker: Acker::new(LapinAcker {
+            via,
+            status,
+            generation,
+            used: AtomicBool::new(false),
+        }),
     }
 }
 
@@ -156,7 +217,7 @@ const LIVENESS_CHECK: Duration = Duration::from_millis(500);
 /// the subscription also checks every [`LIVENESS_CHECK`] that its channel and connection
 /// are open, and ends itself (as the broker ending it) when either is not.
 pub(crate) struct AmqpSubscription {
-    channel: Channel,
+    channel: Arc<Channel>,
     connection: lapin::ConnectionStatus,
     generation: Generation,
     consumer: Consumer,
@@ -184,7 +245,7 @@ impl AmqpSubscription {
     ) -> Self {
         let tag = consumer.tag();
         AmqpSubscription {
-            channel,
+            channel: Arc::new(channel),
             connection,
             generation,
             consumer,
@@ -228,7 +289,7 @@ impl Subscription for AmqpSubscription {
                     }
                     Some(Ok(d)) => Some(Ok(on_channel(
                         d,
-                        Some(self.channel.status().clone()),
+                        Some(&self.channel),
                         self.generation.clone(),
                     ))),
                     Some(Err(e)) => {
