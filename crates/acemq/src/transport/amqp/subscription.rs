@@ -2,10 +2,11 @@
 //!
 //! * `basic_qos(prefetch)` is set before `basic_consume`: lapin buffers deliveries in an
 //!   unbounded queue, so the prefetch window is the only backpressure.
-//! * lapin's `Acker` answers `Ok(false)` when nothing was sent (the delivery was already
-//!   settled, or its channel was closed, which poisons every acker on it). That is
-//!   [`TransportError::AckNotSent`], never success; so is an error from an ack under way
-//!   when the channel died. Expect a redelivery.
+//! * A subscription's delivery is settled with its channel's `basic.ack` / `nack` /
+//!   `reject`, a `basic.get` delivery with lapin's `Acker`. Either way a settlement that
+//!   sent nothing (the delivery was already settled, its channel is closed, the `Acker`
+//!   answered `Ok(false)`) is [`TransportError::AckNotSent`], never success; so is an
+//!   error from a settlement under way when the channel died. Expect a redelivery.
 //! * `requeue` is always passed explicitly (lapin's default is `false`).
 //! * A settlement with `multiple = true` settles earlier deliveries on the broker, but their
 //!   own ackers do not know it: settling one of them afterwards sends an unknown delivery tag

@@ -157,6 +157,27 @@ pub async fn closing_a_subscription_returns_its_unacked_deliveries(target: Targe
     cleanup(&*t, &[&q], &[]).await;
 }
 
+/// Dropping a subscription (without closing it) returns its unacked deliveries, and a
+/// settlement afterwards reaches nothing: a delivery held by the application does not keep
+/// its subscription's channel open.
+pub async fn dropping_a_subscription_returns_its_unacked_deliveries(target: Target) {
+    let t = target.transport().await;
+    let q = unique("drop.unacked");
+    queue(&*t, &q).await;
+    publish(&*t, "", &q, "m1").await;
+    let mut sub = t.consume(spec(&q, 10)).await.expect("consume");
+    let held = next(&mut sub).await;
+    assert_eq!(t.inspect_queue(&q).await.expect("inspect").message_count, 0);
+    drop(sub);
+    wait_for_count(&*t, &q, 1, WAIT).await;
+    assert!(matches!(
+        held.acker.ack().await,
+        Err(TransportError::AckNotSent)
+    ));
+    assert_eq!(drain(&*t, &q).await, ["m1"]);
+    cleanup(&*t, &[&q], &[]).await;
+}
+
 /// Cancel stops deliveries but keeps unsettled ones settleable.
 pub async fn cancel_stops_deliveries_but_keeps_unsettled_ones_settleable(target: Target) {
     let t = target.transport().await;

@@ -183,6 +183,7 @@ macro_rules! __transport_conformance_cases {
             delivery::requeue_puts_the_message_back_at_the_head_marked_redelivered,
             delivery::nack_without_requeue_dead_letters_with_x_death,
             delivery::closing_a_subscription_returns_its_unacked_deliveries,
+            delivery::dropping_a_subscription_returns_its_unacked_deliveries,
             delivery::cancel_stops_deliveries_but_keeps_unsettled_ones_settleable,
             delivery::deleting_a_queue_cancels_its_consumers,
             delivery::basic_get_takes_the_head_and_settles_it,
