@@ -89,7 +89,9 @@ use crate::transport::{
 
 /// The live publisher channel and its collector.
 struct Live {
-    channel: Channel,
+    /// Shared: each publish takes a handle for its frames, one count (cloning lapin's
+    /// `Channel` counts each of its shared parts, a dozen atomic updates and as many on drop).
+    channel: Arc<Channel>,
     collector: mpsc::UnboundedSender<Pending>,
     /// The waker each publish is first polled with (it wakes the collector).
     handover: Arc<Handover>,
@@ -386,7 +388,7 @@ impl ConfirmChannel {
                 status.clone(),
             ));
             Ok(Live {
-                channel,
+                channel: Arc::new(channel),
                 collector,
                 handover,
                 written,
