@@ -36,7 +36,8 @@ pub fn set_request_window(n: usize) {
     WINDOW.store(n.max(1), Ordering::Relaxed);
 }
 
-fn request_window() -> usize {
+/// Requests in flight in scenario 7 (`--window`, default 16).
+pub(crate) fn request_window() -> usize {
     WINDOW.load(Ordering::Relaxed)
 }
 

@@ -90,17 +90,20 @@ impl Scenario {
         Scenario::RequestReply,
     ];
 
-    /// The table label.
-    pub fn label(self) -> &'static str {
-        match self {
+    /// The table label (request/reply's names its window, `--window`).
+    pub fn label(self) -> String {
+        let fixed = match self {
             Scenario::ConfirmEach => "1 publish, confirm each",
             Scenario::Pipelined => "2 publish, pipelined x100",
             Scenario::Consume => "3 consume, ack each",
             Scenario::Retry => "4 fail once, retry 1 ms",
             Scenario::Memory => "5 memory:// pub+consume",
             Scenario::Waits => "6 10% wait 2 s, conc. 1",
-            Scenario::RequestReply => "7 request/reply x16",
-        }
+            Scenario::RequestReply => {
+                return format!("7 request/reply x{}", crate::request::request_window());
+            }
+        };
+        fixed.to_owned()
     }
 
     /// Whether the scenario has a raw lapin counterpart (all but `memory://` and the
