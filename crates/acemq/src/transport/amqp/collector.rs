@@ -83,7 +83,23 @@ struct Waiting {
 }
 
 /// Every confirm being awaited, each tagged with its publish's number.
-type Confirms = FuturesUnordered<Pin<Box<dyn Future<Output = (u64, Resolved)> + Send>>>;
+type Confirms = FuturesUnordered<Tagged>;
+
+/// A publish's confirm with its number: the boxed [`Confirming`] polled in place (wrapping it
+/// in a second box, as `Box::pin(confirm.map(..))` did, cost an allocation per publish).
+struct Tagged {
+    seq: u64,
+    confirm: Confirming,
+}
+
+impl Future for Tagged {
+    type Output = (u64, Resolved);
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Self::Output> {
+        let seq = self.seq;
+        self.confirm.as_mut().poll(cx).map(|r| (seq, r))
+    }
+}
 
 // A short-lived stack value, once per collector turn (see `Resolved`).
 #[allow(clippy::large_enum_variant)]
@@ -197,7 +213,7 @@ fn enqueue(mut p: Pending, queue: &mut VecDeque<Waiting>, confirms: &mut Confirm
         &mut p.confirm,
         Box::pin(futures::future::pending::<Resolved>()),
     );
-    confirms.push(Box::pin(confirm.map(move |r| (seq, r))));
+    confirms.push(Tagged { seq, confirm });
     queue.push_back(Waiting {
         pending: p,
         done: None,
