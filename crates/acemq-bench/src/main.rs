@@ -64,7 +64,8 @@ struct Args {
     #[arg(long, default_value_t = acemq_bench::REQUEST_WINDOW)]
     window: usize,
     /// Diagnostic: run only this side of the broker scenarios (`raw` or `acemq`), e.g.
-    /// under a profiler; the ratio column is then meaningless.
+    /// under a profiler; the ratio column is then meaningless. Scenario 7's `memory://` row
+    /// is left out, so that a profile holds the broker side alone.
     #[arg(long)]
     only: Option<String>,
     /// Print every run's numbers as it finishes.
@@ -281,7 +282,7 @@ async fn bench(mut args: Args) -> Result<()> {
             });
             continue;
         }
-        if scenario == Scenario::RequestReply {
+        if scenario == Scenario::RequestReply && args.only.is_none() {
             // AceMQ alone on memory://; the broker rows follow, against raw lapin.
             rows.push(memory_request_reply_row(n, &args, rounds).await?);
         }
