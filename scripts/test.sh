@@ -165,8 +165,9 @@ fi
 cargo test -p acemq-cli --all-features --test it -- --ignored console_browser
 
 # The per-message cost of memory:// publish + consume and of a request/reply round trip,
-# counted in instructions under callgrind (repeatable where timings are not): a 2x
-# regression fails here. A release build of acemq-bench.
+# and AceMQ's own work per RabbitMQ request/reply round trip (against raw lapin carrying
+# the same headers), counted in instructions under callgrind (repeatable where timings are
+# not): a 2x regression fails here. A release build of acemq-bench.
 step "scripts/instructions.sh (instructions per message under callgrind)"
 if ! command -v valgrind >/dev/null; then
   if [ "$(id -u)" -ne 0 ]; then
