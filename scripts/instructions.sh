@@ -20,7 +20,7 @@ MEMORY_BUDGET=64000
 REQUEST_REPLY_BUDGET=140000
 # Against RabbitMQ: AceMQ's own work per request/reply round trip, i.e. AceMQ's count less
 # raw lapin's carrying the same envelope headers on two connections (lapin's own work,
-# which dominates both, cancels out). About 38-41k when set (2026-12-07).
+# which dominates both, cancels out). 35-41k when set (2026-12-07).
 BROKER_OWN_BUDGET=80000
 # The broker for that check (the tests' variable); without one it is skipped, unless
 # ACEMQ_TEST_REQUIRE_BROKER=1 (CI), where a missing broker fails.
