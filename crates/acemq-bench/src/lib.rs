@@ -26,8 +26,8 @@ pub use ace::{
     acemq_confirm_each, acemq_consume, acemq_pipelined, acemq_retry, memory_publish_consume,
 };
 pub use raw::{
-    fill, raw_confirm_each, raw_consume, raw_pipelined, raw_retry, set_raw_envelope_headers,
-    set_raw_two_connections,
+    fill, raw_confirm_each, raw_consume, raw_pipelined, raw_retry, set_raw_contract,
+    set_raw_envelope_headers, set_raw_two_connections,
 };
 pub use request::{
     REQUEST_TIMEOUT, REQUEST_WINDOW, RESPONDER_CONCURRENCY, acemq_request_reply,

@@ -56,6 +56,12 @@ struct Args {
     /// Diagnostic: raw lapin publishes (scenarios 1, 2, 7) also carry AceMQ's envelope headers.
     #[arg(long)]
     raw_envelope_headers: bool,
+    /// Diagnostic: raw lapin (scenarios 1, 2, 7) writes everything the wire contract asks of
+    /// a publish, like with like: the envelope headers, ids as UUID text, a `traceparent`;
+    /// in scenario 7 the correlation and reply address in their headers, the request's
+    /// `expiration` and the reply's causation. Implies `--raw-envelope-headers`.
+    #[arg(long)]
+    raw_contract: bool,
     /// Diagnostic: raw request/reply (scenario 7) publishes on a second connection, as
     /// AceMQ does.
     #[arg(long)]
@@ -230,6 +236,7 @@ async fn bench(mut args: Args) -> Result<()> {
         return Ok(());
     }
     acemq_bench::set_raw_envelope_headers(args.raw_envelope_headers);
+    acemq_bench::set_raw_contract(args.raw_contract);
     acemq_bench::set_raw_two_connections(args.raw_two_connections);
     acemq_bench::set_request_window(args.window);
     let scenarios: Vec<Scenario> = if args.scenarios.is_empty() {

@@ -29,12 +29,32 @@ pub(crate) fn raw_properties(message_id: String) -> BasicProperties {
 
 static RAW_ENVELOPE_HEADERS: AtomicBool = AtomicBool::new(false);
 
+static RAW_CONTRACT: AtomicBool = AtomicBool::new(false);
+
 static RAW_TWO_CONNECTIONS: AtomicBool = AtomicBool::new(false);
 
 /// Makes the raw publishers of scenarios 1, 2 and 7 also send AceMQ's envelope headers (a
 /// diagnostic: it shows what the headers cost the broker).
 pub fn set_raw_envelope_headers(on: bool) {
     RAW_ENVELOPE_HEADERS.store(on, Ordering::Relaxed);
+}
+
+/// Makes the raw publishers of scenarios 1, 2 and 7 write everything the wire contract asks
+/// of an AceMQ publish (a diagnostic: raw lapin like with like). On top of the envelope
+/// headers: every id a UUID v4 as text and a `traceparent`; in scenario 7, the correlation
+/// in `x-acemq-correlation` only (no `correlation_id` property, which the contract does not
+/// write) and matched from there, the reply address in `acemq-reply-to` too, the request's
+/// `expiration` (its timeout) and the reply's `x-acemq-causation`.
+pub fn set_raw_contract(on: bool) {
+    RAW_CONTRACT.store(on, Ordering::Relaxed);
+    if on {
+        set_raw_envelope_headers(true);
+    }
+}
+
+/// Whether the raw side writes the whole contract (`--raw-contract`).
+pub(crate) fn raw_contract() -> bool {
+    RAW_CONTRACT.load(Ordering::Relaxed)
 }
 
 /// Makes raw request/reply (scenario 7) publish on one connection and consume on another,
@@ -53,32 +73,74 @@ fn raw_publish_properties(seq: u64) -> BasicProperties {
     raw_properties_with_envelope(format!("raw-{seq}"))
 }
 
-/// [`raw_properties`], with the envelope headers when asked for.
+/// [`raw_properties`], with the envelope headers when asked for (the correlation is the id).
 pub(crate) fn raw_properties_with_envelope(id: String) -> BasicProperties {
-    if RAW_ENVELOPE_HEADERS.load(Ordering::Relaxed) {
-        let headers = envelope_headers(&id);
-        raw_properties(id).with_headers(headers)
+    let id = raw_id(id);
+    match raw_headers(&id, &id, None) {
+        Some(headers) => raw_properties(id).with_headers(headers),
+        None => raw_properties(id),
+    }
+}
+
+/// A raw publish's id: `id`, or a UUID v4 as text under `--raw-contract`.
+pub(crate) fn raw_id(id: String) -> String {
+    if raw_contract() {
+        uuid::Uuid::new_v4().to_string()
     } else {
-        raw_properties(id)
+        id
+    }
+}
+
+/// The headers of a raw publish: none, or the envelope's under `--raw-envelope-headers`, plus
+/// a `traceparent` under `--raw-contract` (a child of `parent`'s trace when given one).
+pub(crate) fn raw_headers(id: &str, correlation: &str, parent: Option<&str>) -> Option<FieldTable> {
+    if !RAW_ENVELOPE_HEADERS.load(Ordering::Relaxed) {
+        return None;
+    }
+    let mut h = envelope_headers(id, correlation);
+    if raw_contract() {
+        h.insert("traceparent".into(), text(&traceparent(parent)));
+    }
+    Some(h)
+}
+
+/// A header's text value (a long string).
+pub(crate) fn text(v: &str) -> AMQPValue {
+    AMQPValue::LongString(LongString::from(v))
+}
+
+/// A header's text, if `name` is there as a long string.
+pub(crate) fn header<'a>(properties: &'a BasicProperties, name: &str) -> Option<&'a str> {
+    match properties.headers().as_ref()?.inner().get(name)? {
+        AMQPValue::LongString(s) => std::str::from_utf8(s.as_bytes()).ok(),
+        _ => None,
+    }
+}
+
+/// A W3C `traceparent` with a fresh span id, in `parent`'s trace or a new one.
+fn traceparent(parent: Option<&str>) -> String {
+    let (_, span) = uuid::Uuid::new_v4().as_u64_pair();
+    match parent.and_then(|p| p.get(3..35)) {
+        Some(trace) => format!("00-{trace}-{span:016x}-01"),
+        None => format!("00-{}-{span:016x}-01", uuid::Uuid::new_v4().simple()),
     }
 }
 
 /// The envelope headers an AceMQ publisher writes, so that both consumers read the same
 /// messages (attempt 1).
-fn envelope_headers(id: &str) -> FieldTable {
+fn envelope_headers(id: &str, correlation: &str) -> FieldTable {
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0);
     let mut h = FieldTable::default();
-    let s = |v: &str| AMQPValue::LongString(LongString::from(v));
-    h.insert("x-acemq-id".into(), s(id));
-    h.insert("x-acemq-type".into(), s("bench"));
+    h.insert("x-acemq-id".into(), text(id));
+    h.insert("x-acemq-type".into(), text("bench"));
     h.insert("x-acemq-version".into(), AMQPValue::LongInt(1));
-    h.insert("x-acemq-correlation".into(), s(id));
+    h.insert("x-acemq-correlation".into(), text(correlation));
     h.insert("x-acemq-attempt".into(), AMQPValue::LongInt(1));
     h.insert("x-acemq-first-seen".into(), AMQPValue::LongLongInt(now));
-    h.insert("x-acemq-origin".into(), s("acemq-bench@localhost"));
+    h.insert("x-acemq-origin".into(), text("acemq-bench@localhost"));
     h
 }
 
@@ -110,7 +172,7 @@ pub async fn fill(conn: &lapin::Connection, queue: &str, n: u64, size: usize) ->
     for i in 0..n {
         let id = format!("fill-{i}");
         let body = serde_json::to_vec(&Payload::new(i, size))?;
-        let props = raw_properties(id.clone()).with_headers(envelope_headers(&id));
+        let props = raw_properties(id.clone()).with_headers(envelope_headers(&id, &id));
         confirms.push(
             ch.basic_publish("".into(), short(queue)?, MANDATORY, &body, props)
                 .await?,

@@ -18,10 +18,13 @@ use acemq::topology::QueueDecl;
 use futures::StreamExt;
 use lapin::BasicProperties;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions};
-use lapin::types::FieldTable;
+use lapin::types::{FieldTable, ShortString};
 use tokio::sync::{Semaphore, oneshot};
 
-use crate::raw::{MANDATORY, check_confirm, confirm_channel, raw_properties_with_envelope};
+use crate::raw::{
+    MANDATORY, check_confirm, confirm_channel, header, raw_contract, raw_headers, raw_id,
+    raw_properties, text,
+};
 use crate::scenario::short;
 use crate::{BoxError, Clock, PREFETCH, Payload, Result, Sample};
 
@@ -128,12 +131,11 @@ pub async fn raw_request_reply(
                 let _slot = slot;
                 let reply = async {
                     let p: Payload = serde_json::from_slice(&d.data)?;
-                    let to = d.properties.reply_to().clone().ok_or("no reply_to")?;
-                    let correlation = d.properties.correlation_id().clone();
-                    let mut props = raw_properties_with_envelope(format!("reply-{}", p.seq));
-                    if let Some(c) = correlation {
-                        props = props.with_correlation_id(c);
-                    }
+                    let props = reply_properties(&d.properties, p.seq)?;
+                    let to = match header(&d.properties, "acemq-reply-to") {
+                        Some(to) => short(to)?,
+                        None => d.properties.reply_to().clone().ok_or("no reply_to")?,
+                    };
                     let body = serde_json::to_vec(&p)?;
                     let confirm = ch
                         .basic_publish("".into(), to, MANDATORY, &body, props)
@@ -181,12 +183,12 @@ pub async fn raw_request_reply(
     let router = tokio::spawn(async move {
         while let Some(d) = replies.next().await {
             let d = d?;
-            let waiter = d.properties.correlation_id().as_ref().and_then(|c| {
-                table
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(c.as_str())
-            });
+            let correlation = match d.properties.correlation_id() {
+                Some(c) => Some(c.as_str()),
+                None => header(&d.properties, "x-acemq-correlation"),
+            };
+            let waiter =
+                correlation.and_then(|c| table.lock().unwrap_or_else(|e| e.into_inner()).remove(c));
             if let Some(w) = waiter {
                 let _ = w.send(d.data.clone());
             }
@@ -202,16 +204,14 @@ pub async fn raw_request_reply(
             let (reply_queue, routing_key) = (reply_queue.clone(), routing_key.clone());
             async move {
                 let t = Instant::now();
-                let correlation = format!("raw-rr-{seq}");
+                let correlation = raw_id(format!("raw-rr-{seq}"));
                 let (tx, rx) = oneshot::channel();
                 waiters
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .insert(correlation.clone(), tx);
                 let body = serde_json::to_vec(&Payload::new(seq, size))?;
-                let props: BasicProperties = raw_properties_with_envelope(format!("req-{seq}"))
-                    .with_correlation_id(correlation.into())
-                    .with_reply_to(reply_queue);
+                let props = request_properties(seq, correlation, reply_queue);
                 let confirm = ch
                     .basic_publish("".into(), routing_key, MANDATORY, &body, props)
                     .await?;
@@ -248,4 +248,96 @@ pub async fn memory_request_reply(n: u64, size: usize) -> Result<Sample> {
     mq.transport().delete_queue("bench.requests").await?;
     mq.close().await?;
     sample
+}
+
+/// A raw request's properties: its id, correlation and reply address, and what
+/// `--raw-envelope-headers` / `--raw-contract` add (the correlation and reply address in
+/// headers, the timeout as `expiration`).
+fn request_properties(seq: u64, correlation: String, reply_queue: ShortString) -> BasicProperties {
+    let id = raw_id(format!("req-{seq}"));
+    let mut headers = raw_headers(&id, &correlation, None);
+    let props = raw_properties(id).with_reply_to(reply_queue.clone());
+    let props = if raw_contract() {
+        if let Some(h) = headers.as_mut() {
+            h.insert("acemq-reply-to".into(), text(reply_queue.as_str()));
+        }
+        props.with_expiration(REQUEST_TIMEOUT.as_millis().to_string().into())
+    } else {
+        props.with_correlation_id(correlation.into())
+    };
+    match headers {
+        Some(h) => props.with_headers(h),
+        None => props,
+    }
+}
+
+/// A raw reply's properties for a request with `request`'s properties: the request's
+/// correlation (as the request carried it), and under `--raw-contract` the request's id as
+/// causation and its trace continued.
+fn reply_properties(request: &BasicProperties, seq: u64) -> Result<BasicProperties> {
+    let id = raw_id(format!("reply-{seq}"));
+    if !raw_contract() {
+        let props = raw_properties(id.clone());
+        let props = match raw_headers(&id, &id, None) {
+            Some(h) => props.with_headers(h),
+            None => props,
+        };
+        return Ok(match request.correlation_id() {
+            Some(c) => props.with_correlation_id(c.clone()),
+            None => props,
+        });
+    }
+    let correlation = header(request, "x-acemq-correlation").ok_or("no correlation")?;
+    let parent = header(request, "traceparent");
+    let mut headers = raw_headers(&id, correlation, parent).ok_or("no headers")?;
+    if let Some(cause) = header(request, "x-acemq-id") {
+        headers.insert("x-acemq-causation".into(), text(cause));
+    }
+    Ok(raw_properties(id).with_headers(headers))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // The only test that sets the raw side's flags (they are process-wide).
+    #[test]
+    fn raw_lapin_like_with_like_writes_what_the_contract_asks() {
+        crate::raw::set_raw_contract(true);
+        let request = request_properties(7, "corr-7".into(), "amq.gen-r".into());
+        assert_eq!(
+            request.correlation_id(),
+            &None,
+            "the contract writes no correlation_id"
+        );
+        assert_eq!(header(&request, "x-acemq-correlation"), Some("corr-7"));
+        assert_eq!(header(&request, "acemq-reply-to"), Some("amq.gen-r"));
+        assert_eq!(
+            request.reply_to().as_ref().map(|r| r.as_str()),
+            Some("amq.gen-r")
+        );
+        let ttl = REQUEST_TIMEOUT.as_millis().to_string();
+        assert_eq!(
+            request.expiration().as_ref().map(|e| e.as_str()),
+            Some(ttl.as_str())
+        );
+        let id = request.message_id().as_ref().map(|m| m.to_string());
+        let id = id.expect("a message id");
+        assert!(uuid::Uuid::parse_str(&id).is_ok(), "{id} is a UUID");
+        assert_eq!(header(&request, "x-acemq-id"), Some(id.as_str()));
+        let parent = header(&request, "traceparent").expect("a traceparent");
+        assert_eq!(parent.len(), 55);
+
+        let reply = reply_properties(&request, 7).expect("reply properties");
+        assert_eq!(header(&reply, "x-acemq-correlation"), Some("corr-7"));
+        assert_eq!(header(&reply, "x-acemq-causation"), Some(id.as_str()));
+        let child = header(&reply, "traceparent").expect("a traceparent");
+        assert_eq!(
+            child.get(..35),
+            parent.get(..35),
+            "the request's trace goes on"
+        );
+        assert_ne!(child, parent, "with a span of its own");
+        assert_eq!(reply.expiration(), &None);
+    }
 }
