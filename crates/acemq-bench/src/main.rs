@@ -121,6 +121,8 @@ impl Args {
 
 struct Row {
     scenario: Scenario,
+    /// Against raw lapin writing the wire contract (the default run's second row of 1, 2, 7).
+    like: bool,
     queue: &'static str,
     messages: u64,
     raw: Option<Summary>,
@@ -282,6 +284,7 @@ async fn bench(mut args: Args) -> Result<()> {
             eprintln!("{:<28} memory   done", scenario.label());
             rows.push(Row {
                 scenario,
+                like: false,
                 queue: "memory",
                 messages: n,
                 raw: None,
@@ -294,48 +297,72 @@ async fn bench(mut args: Args) -> Result<()> {
             rows.push(memory_request_reply_row(n, &args, rounds).await?);
         }
         let Some(broker) = &broker else { continue };
+        // Unless the raw side was told what to write, a publishing scenario also runs raw
+        // lapin writing the whole contract, for a like-with-like row beside the first.
+        let like = scenario.has_contract_variant()
+            && !args.raw_envelope_headers
+            && !args.raw_contract
+            && args.only.as_deref() != Some("acemq");
         for &kind in &args.queues {
-            let mut raw = Vec::new();
-            let mut ace = Vec::new();
+            let (mut raw, mut contract, mut ace) = (Vec::new(), Vec::new(), Vec::new());
             for round in 0..rounds {
                 // raw, acemq, acemq, raw, ...: drift affects both sides alike.
                 let order = if round % 2 == 0 {
-                    [Side::Raw, Side::AceMq]
+                    [Run::Raw, Run::Contract, Run::AceMq]
                 } else {
-                    [Side::AceMq, Side::Raw]
+                    [Run::AceMq, Run::Contract, Run::Raw]
                 };
-                for side in order {
+                for run in order {
+                    let side = match run {
+                        Run::AceMq => Side::AceMq,
+                        Run::Raw | Run::Contract => Side::Raw,
+                    };
                     let skip = matches!(
                         (args.only.as_deref(), side),
                         (Some("raw"), Side::AceMq) | (Some("acemq"), Side::Raw)
-                    );
+                    ) || (run == Run::Contract && !like);
                     if skip {
                         continue;
                     }
-                    let s = broker.run(scenario, kind, side, n, args.size).await?;
+                    raw_writes_contract(&args, run == Run::Contract);
+                    let s = broker.run(scenario, kind, side, n, args.size).await;
+                    raw_writes_contract(&args, false);
+                    let s = s?;
                     if args.verbose {
                         eprintln!(
-                            "  {:<26} {:<7} {side:?}: {:.0} msg/s, {:.1} us CPU/msg",
+                            "  {:<26} {:<7} {run:?}: {:.0} msg/s, {:.1} us CPU/msg",
                             scenario.label(),
                             kind.name(),
                             s.rate(),
                             s.cpu_us_per_message()
                         );
                     }
-                    match side {
-                        Side::Raw => raw.push(s),
-                        Side::AceMq => ace.push(s),
+                    match run {
+                        Run::Raw => raw.push(s),
+                        Run::Contract => contract.push(s),
+                        Run::AceMq => ace.push(s),
                     }
                 }
             }
             eprintln!("{:<28} {:<8} done", scenario.label(), kind.name());
             rows.push(Row {
                 scenario,
+                like: false,
                 queue: kind.name(),
                 messages: n,
                 raw: Some(summarize(&raw)),
                 acemq: summarize(&ace),
             });
+            if like {
+                rows.push(Row {
+                    scenario,
+                    like: true,
+                    queue: kind.name(),
+                    messages: n,
+                    raw: Some(summarize(&contract)),
+                    acemq: summarize(&ace),
+                });
+            }
         }
     }
     if let Some(b) = broker {
@@ -348,7 +375,7 @@ async fn bench(mut args: Args) -> Result<()> {
         args.size
     );
     println!(
-        "| {:<26} | {:<7} | {:>7} | {:>10} | {:>11} | {:>9} | {:<15} | {:<15} | {:<16} | {:>15} |",
+        "| {:<27} | {:<7} | {:>7} | {:>10} | {:>11} | {:>9} | {:<15} | {:<15} | {:<16} | {:>15} |",
         "scenario",
         "queue",
         "msgs",
@@ -360,7 +387,7 @@ async fn bench(mut args: Args) -> Result<()> {
         "latency of",
         "CPU us/msg r/A"
     );
-    let widths = [28, 9, 9, 12, 13, 11, 17, 17, 18, 17];
+    let widths = [29, 9, 9, 12, 13, 11, 17, 17, 18, 17];
     let rule: Vec<String> = widths.iter().map(|w| "-".repeat(*w)).collect();
     println!("|{}|", rule.join("|"));
     for r in &rows {
@@ -374,8 +401,12 @@ async fn bench(mut args: Args) -> Result<()> {
             None => ("-".into(), "-".into(), "-".into(), "-".into()),
         };
         println!(
-            "| {:<26} | {:<7} | {:>7} | {:>10} | {:>11.0} | {:>9} | {:<15} | {:<15} | {:<16} | {:>15} |",
-            r.scenario.label(),
+            "| {:<27} | {:<7} | {:>7} | {:>10} | {:>11.0} | {:>9} | {:<15} | {:<15} | {:<16} | {:>15} |",
+            if r.like {
+                format!("{} *", r.scenario.label())
+            } else {
+                r.scenario.label()
+            },
             r.queue,
             r.messages,
             raw_rate,
@@ -385,6 +416,11 @@ async fn bench(mut args: Args) -> Result<()> {
             lat(&r.acemq),
             r.scenario.latency_unit().unwrap_or("-"),
             format!("{raw_cpu} / {:.1}", r.acemq.cpu_us),
+        );
+    }
+    if rows.iter().any(|r| r.like) {
+        println!(
+            "\n* like with like: raw lapin writes everything the wire contract asks (--raw-contract: envelope headers, UUID ids, traceparent; for 7 on two connections, with the expiration, reply-to and causation headers); the same AceMQ runs as the row above"
         );
     }
     for w in &waits {
@@ -404,6 +440,27 @@ async fn bench(mut args: Args) -> Result<()> {
         None => println!("\npeak RSS: unavailable (no /proc/self/status)"),
     }
     Ok(())
+}
+
+/// One run of a round: AceMQ, raw lapin as told, or raw lapin writing the contract.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Run {
+    Raw,
+    Contract,
+    AceMq,
+}
+
+/// Sets what raw lapin writes for the next run: the whole contract on two connections, or
+/// what the command line asked for.
+fn raw_writes_contract(args: &Args, on: bool) {
+    if on {
+        acemq_bench::set_raw_contract(true);
+        acemq_bench::set_raw_two_connections(true);
+    } else {
+        acemq_bench::set_raw_contract(args.raw_contract);
+        acemq_bench::set_raw_envelope_headers(args.raw_envelope_headers || args.raw_contract);
+        acemq_bench::set_raw_two_connections(args.raw_two_connections);
+    }
 }
 
 /// Scenario 6's medians on one queue type.
@@ -472,6 +529,7 @@ async fn memory_request_reply_row(n: u64, args: &Args, rounds: usize) -> Result<
     eprintln!("{:<28} memory   done", Scenario::RequestReply.label());
     Ok(Row {
         scenario: Scenario::RequestReply,
+        like: false,
         queue: "memory",
         messages: n,
         raw: None,

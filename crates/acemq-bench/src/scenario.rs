@@ -112,6 +112,15 @@ impl Scenario {
         !matches!(self, Scenario::Memory | Scenario::Waits)
     }
 
+    /// Whether its raw side publishes, so that it can also write the wire contract
+    /// (`--raw-contract`): the default run then adds a like-with-like row (1, 2 and 7).
+    pub fn has_contract_variant(self) -> bool {
+        matches!(
+            self,
+            Scenario::ConfirmEach | Scenario::Pipelined | Scenario::RequestReply
+        )
+    }
+
     /// What the latency columns measure.
     pub fn latency_unit(self) -> Option<&'static str> {
         match self {
