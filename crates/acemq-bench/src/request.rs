@@ -23,7 +23,7 @@ use tokio::sync::{Semaphore, oneshot};
 
 use crate::raw::{
     MANDATORY, check_confirm, confirm_channel, header, raw_contract, raw_headers, raw_id,
-    raw_properties, text,
+    raw_properties, raw_properties_with_envelope, text,
 };
 use crate::scenario::short;
 use crate::{BoxError, Clock, PREFETCH, Payload, Result, Sample};
@@ -275,18 +275,14 @@ fn request_properties(seq: u64, correlation: String, reply_queue: ShortString) -
 /// correlation (as the request carried it), and under `--raw-contract` the request's id as
 /// causation and its trace continued.
 fn reply_properties(request: &BasicProperties, seq: u64) -> Result<BasicProperties> {
-    let id = raw_id(format!("reply-{seq}"));
     if !raw_contract() {
-        let props = raw_properties(id.clone());
-        let props = match raw_headers(&id, &id, None) {
-            Some(h) => props.with_headers(h),
-            None => props,
-        };
+        let props = raw_properties_with_envelope(format!("reply-{seq}"));
         return Ok(match request.correlation_id() {
             Some(c) => props.with_correlation_id(c.clone()),
             None => props,
         });
     }
+    let id = raw_id(format!("reply-{seq}"));
     let correlation = header(request, "x-acemq-correlation").ok_or("no correlation")?;
     let parent = header(request, "traceparent");
     let mut headers = raw_headers(&id, correlation, parent).ok_or("no headers")?;
