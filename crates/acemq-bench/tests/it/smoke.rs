@@ -4,6 +4,7 @@
 
 use acemq_bench::{
     Broker, QueueKind, Scenario, Side, memory_publish_consume, memory_request_reply,
+    set_raw_contract, set_raw_envelope_headers, set_raw_two_connections,
 };
 
 fn broker_url() -> Option<String> {
@@ -48,6 +49,39 @@ async fn broker_scenarios_run_on_both_sides() {
         }
     }
     broker.close().await.expect("close");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raw_lapin_writing_the_contract_runs_every_publishing_scenario() {
+    // The `*` rows of the default run: raw lapin matching replies by the
+    // `x-acemq-correlation` header, replying to `acemq-reply-to`, on two connections. The
+    // flags are process-wide; a broker scenario of another test running meanwhile only
+    // writes more headers, which it does not check.
+    let Some(url) = broker_url() else {
+        eprintln!("ACEMQ_TEST_AMQP_URL not set: the raw contract scenarios skipped");
+        return;
+    };
+    let broker = Broker::connect(&url).await.expect("connect");
+    set_raw_contract(true);
+    set_raw_two_connections(true);
+    let mut results = Vec::new();
+    for scenario in Scenario::ALL
+        .into_iter()
+        .filter(|s| s.has_contract_variant())
+    {
+        let run = broker
+            .run(scenario, QueueKind::Classic, Side::Raw, 20, 256)
+            .await;
+        results.push((scenario, run.map(|s| s.messages).map_err(|e| e.to_string())));
+    }
+    set_raw_contract(false);
+    set_raw_envelope_headers(false);
+    set_raw_two_connections(false);
+    broker.close().await.expect("close");
+    assert_eq!(results.len(), 3, "scenarios 1, 2 and 7");
+    for (scenario, run) in results {
+        assert_eq!(run, Ok(20), "{scenario:?} with the contract");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
