@@ -21,7 +21,7 @@ REQUEST_REPLY_BUDGET=140000
 # Against RabbitMQ: AceMQ's own work per request/reply round trip, i.e. AceMQ's count less
 # raw lapin's writing everything the wire contract asks (`--raw-contract`) on two
 # connections: lapin's own work, which dominates both, and the contract's (ids, trace
-# context, headers) cancel out. 17.5-28k when set (2026-12-07, afternoon).
+# context, headers) cancel out. 13.5-28k when set (2026-12-07, afternoon).
 BROKER_OWN_BUDGET=55000
 # The broker for that check (the tests' variable); without one it is skipped, unless
 # ACEMQ_TEST_REQUIRE_BROKER=1 (CI), where a missing broker fails.
